@@ -1,0 +1,143 @@
+"""The turn-based multi-agent environment API.
+
+In the spirit of PettingZoo's AEC API, because the agents of a MAS act in turn: ``reset(seed)``, the acting
+agent (``current_agent``), ``observe(agent, style)``, ``step(text)`` for the acting agent, plus ``clone()``,
+which tree sampling needs to score K candidates from one pre-state on K independent copies.
+
+Differences from PettingZoo: actions are raw model text, parsed by the environment (a parse failure is data:
+a format penalty and ``info["parse_error"]``, never an exception); rewards come as two terms, ``team`` and
+``local`` (the trainer combines them as ``alpha * team + local``); an environment instance is one problem.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+PROMPT_STYLES = ("compact", "chat")
+
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Reward:
+    """The two reward terms of one agent step (REFERENCE section 2): shared team outcome and role-local score."""
+
+    team: float
+    local: float
+
+    def total(self, alpha: float) -> float:
+        return alpha * self.team + self.local
+
+
+@dataclass
+class StepResult:
+    """What one ``step`` returns: the acting agent's reward and the episode flags after the step."""
+
+    agent: str
+    reward: Reward
+    terminated: bool  # the task ended (solved or failed for good)
+    truncated: bool  # the turn limit was reached
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+
+class MultiAgentEnv:
+    """Base class of all atgrpo environments. One instance holds one problem.
+
+    Subclasses set ``agents`` (roles in turn order) and implement ``_reset``, ``_observe``, ``_apply`` and
+    ``success``. The base class runs the turn order: agents act in order ``agents[0], agents[1], ...``; once
+    the last agent has acted, the turn counter advances; the episode truncates after ``max_turns`` turns.
+    """
+
+    name: str = "base"
+    agents: tuple[str, ...] = ()
+
+    def __init__(self, max_turns: int, style: str = "compact"):
+        if style not in PROMPT_STYLES:
+            raise ValueError(f"unknown prompt style {style!r}; valid: {', '.join(PROMPT_STYLES)}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.style = style
+        self.turn = 0
+        self._agent_idx = 0
+        self.terminated = False
+        self.truncated = False
+        self.problem_id: str = ""
+
+    # ---- public API -------------------------------------------------------------------------------------
+    def reset(self, seed: int) -> None:
+        """Start a new episode on the problem generated from ``seed``."""
+        self.turn = 0
+        self._agent_idx = 0
+        self.terminated = False
+        self.truncated = False
+        self._reset(seed)
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    @property
+    def current_agent(self) -> str | None:
+        """The agent that acts next, or None once the episode is over."""
+        return None if self.done else self.agents[self._agent_idx]
+
+    def observe(self, agent: str | None = None, style: str | None = None) -> str | Messages:
+        """The prompt for ``agent`` (default: the acting one): a string (compact) or chat messages (chat)."""
+        agent = agent or self.current_agent
+        if agent not in self.agents:
+            raise ValueError(f"unknown agent {agent!r}; agents of {self.name}: {', '.join(self.agents)}")
+        return self._observe(agent, style or self.style)
+
+    def step(self, text: str) -> StepResult:
+        """Apply the acting agent's raw output. Never raises on bad text: it is scored with a format penalty."""
+        if self.done:
+            raise RuntimeError("step() called on a finished episode; call reset() first")
+        agent = self.agents[self._agent_idx]
+        reward, info = self._apply(agent, text if isinstance(text, str) else str(text))
+        if not (math.isfinite(reward.team) and math.isfinite(reward.local)):
+            raise AssertionError(f"{self.name}: non-finite reward {reward} for agent {agent}")
+        if self.success or self._failed():
+            self.terminated = True
+        self._agent_idx += 1
+        if self._agent_idx == len(self.agents):
+            self._agent_idx = 0
+            self.turn += 1
+            if not self.terminated and self.turn >= self.max_turns:
+                self.truncated = True
+        info.setdefault("success", self.success)
+        return StepResult(agent, reward, self.terminated, self.truncated, info)
+
+    def clone(self) -> "MultiAgentEnv":
+        """An independent copy: stepping it never changes this one."""
+        return copy.deepcopy(self)
+
+    # ---- for subclasses ---------------------------------------------------------------------------------
+    @property
+    def success(self) -> bool:
+        raise NotImplementedError
+
+    def _failed(self) -> bool:
+        """True when the task can no longer be solved (ends the episode early). Default: never."""
+        return False
+
+    def _reset(self, seed: int) -> None:
+        raise NotImplementedError
+
+    def _observe(self, agent: str, style: str) -> str | Messages:
+        raise NotImplementedError
+
+    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        raise NotImplementedError
+
+    def expert_action(self, agent: str) -> str:
+        """A scripted (optimal or strong) action text for ``agent`` in the current state: used for warm-start
+        demonstrations and tests. Environments without an expert raise NotImplementedError."""
+        raise NotImplementedError(f"{self.name} has no scripted expert")

@@ -1,0 +1,37 @@
+"""Parsing of move lists (U/D/L/R) from free model text, shared by the grid games.
+
+Accepted forms: a compact string ``RRDL``; letters or words separated by anything (``U, R, down``); a
+bracketed list (``[U, R]``, ``["up", "right"]``), in which case the *last* bracketed list in the text is used,
+else the last non-empty line (chat models reason first and answer last). Anything else is a parse failure, reported, never raised.
+"""
+
+from __future__ import annotations
+
+import re
+
+DELTAS = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+_WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "U": "U", "D": "D", "L": "L", "R": "R"}
+_BRACKETS = re.compile(r"\[([^\[\]]*)\]")
+_TOKENS = re.compile(r"[A-Za-z]+")
+
+
+def parse_moves(text: str, max_moves: int) -> tuple[list[str], bool]:
+    """Return (moves, ok). ``ok`` is False when no move could be read or the text holds non-move words in the
+    answer part. At most ``max_moves`` moves are kept (longer lists are cut, with ok False)."""
+    text = text[:20_000]
+    lists = _BRACKETS.findall(text)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    body = lists[-1] if lists else (lines[-1] if lines else "")
+    moves: list[str] = []
+    ok = True
+    for tok in _TOKENS.findall(body):
+        up = tok.upper()
+        if up in _WORDS:
+            moves.append(_WORDS[up])
+        elif set(up) <= set("UDLR"):
+            moves.extend(up)
+        else:
+            ok = False
+    if len(moves) > max_moves:
+        moves, ok = moves[:max_moves], False
+    return moves, ok and bool(moves)

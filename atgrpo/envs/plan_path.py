@@ -1,0 +1,196 @@
+"""Plan-Path: reach the goal on a grid with walls (REFERENCE section 5).
+
+Roles, in turn order: ``tool`` proposes an action list that is *simulated on a copy* of the state and scored
+(the real state does not move); ``plan`` sees the proposal and its simulated outcome and outputs the action
+list that is executed on the real state. ``roles=("plan",)`` gives the single-agent (L0) variant.
+
+Rewards per executed or simulated move (REFERENCE section 5): -0.01 per move, -0.1 for an invalid move
+(position unchanged), potential shaping ``gamma * Phi' - Phi`` with ``Phi = -manhattan(pos, goal)``, +1.0 on
+reaching the goal (execution stops there), +0.5 more when the list reached the goal in the BFS-optimal number
+of moves from the position it started at. An unparsable answer scores ``FORMAT_PENALTY``.
+``local`` = that sum for the acting agent's own list; ``team`` = 1.0 when the real task is solved after the
+step, else 0.0.
+
+Departure from the paper: in the paper the tool agent writes code (e.g. a BFS) that prints the list. Here the
+tool agent outputs the list directly in both prompt styles, which a tiny policy can learn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Any
+
+from . import splits
+from .base import Messages, MultiAgentEnv, Reward
+from .moves import DELTAS, parse_moves
+
+FORMAT_PENALTY = -0.2
+STEP_COST = 0.01
+INVALID_PENALTY = 0.1
+GOAL_BONUS = 1.0
+OPTIMAL_BONUS = 0.5
+GAMMA = 0.99
+
+Pos = tuple[int, int]
+
+
+def bfs_path(size: int, walls: frozenset[Pos], start: Pos, goal: Pos) -> str | None:
+    """A shortest move string from start to goal (fixed order U, D, L, R for determinism), or None."""
+    prev: dict[Pos, tuple[Pos, str] | None] = {start: None}
+    queue = deque([start])
+    while queue:
+        p = queue.popleft()
+        if p == goal:
+            out = []
+            while prev[p] is not None:
+                p, m = prev[p]  # type: ignore[misc]
+                out.append(m)
+            return "".join(reversed(out))
+        for m, (dr, dc) in DELTAS.items():
+            q = (p[0] + dr, p[1] + dc)
+            if 0 <= q[0] < size and 0 <= q[1] < size and q not in walls and q not in prev:
+                prev[q] = (p, m)
+                queue.append(q)
+    return None
+
+
+def generate_grid(rng: random.Random, size: int, wall_prob: float) -> tuple[frozenset[Pos], Pos, Pos]:
+    """Random walls with probability ``wall_prob``; distinct start and goal, reachable from each other."""
+    while True:
+        walls = frozenset((r, c) for r in range(size) for c in range(size) if rng.random() < wall_prob)
+        free = [(r, c) for r in range(size) for c in range(size) if (r, c) not in walls]
+        if len(free) < 2:
+            continue
+        start, goal = rng.sample(free, 2)
+        if bfs_path(size, walls, start, goal) is not None:
+            return walls, start, goal
+
+
+def render(size: int, walls: frozenset[Pos], pos: Pos, goal: Pos) -> str:
+    """Rows of the grid: '#' wall, '.' free, 'A' the agent's current position, 'G' the goal."""
+    rows = []
+    for r in range(size):
+        row = []
+        for c in range(size):
+            row.append("A" if (r, c) == pos else "G" if (r, c) == goal else "#" if (r, c) in walls else ".")
+        rows.append("".join(row))
+    return "\n".join(rows)
+
+
+class PlanPathEnv(MultiAgentEnv):
+    name = "plan_path"
+
+    def __init__(self, size: int = 10, wall_prob: float = 0.22, max_turns: int = 4, style: str = "compact",
+                 split: str = "train", roles: tuple[str, ...] = ("tool", "plan"), max_moves: int | None = None):
+        super().__init__(max_turns=max_turns, style=style)
+        if tuple(roles) not in (("tool", "plan"), ("plan",)):
+            raise ValueError(f"plan_path roles must be ('tool', 'plan') or ('plan',), got {roles!r}")
+        if size < 2 or not 0.0 <= wall_prob < 0.6:
+            raise ValueError(f"plan_path needs size >= 2 and 0 <= wall_prob < 0.6, got {size}, {wall_prob}")
+        self.agents = tuple(roles)
+        self.size, self.wall_prob, self.split = size, wall_prob, split
+        self.max_moves = max_moves or 2 * size * size
+
+    # ---- episode --------------------------------------------------------------------------------------
+    def _reset(self, seed: int) -> None:
+        self.walls, self.start, self.goal = splits.draw(
+            lambda rng: generate_grid(rng, self.size, self.wall_prob), self.fingerprint_of,
+            f"plan_path:{self.size}:{self.wall_prob}", seed, self.split)
+        self.pos = self.start
+        self.problem_id = f"plan_path/{self.split}/{seed}"
+        self.proposal: tuple[str, Pos, bool] | None = None  # the tool's latest (moves, simulated end, reached)
+        self.history: list[str] = []  # executed action lists, for the chat prompt
+
+    def fingerprint_of(self, inst: tuple[frozenset[Pos], Pos, Pos]) -> str:
+        walls, start, goal = inst
+        return f"{self.size}|{render(self.size, walls, start, goal)}"
+
+    @property
+    def success(self) -> bool:
+        return self.pos == self.goal
+
+    # ---- dynamics -------------------------------------------------------------------------------------
+    def simulate(self, start: Pos, moves: list[str]) -> tuple[Pos, float, dict[str, Any]]:
+        """Run ``moves`` from ``start`` without touching the state: (end position, summed reward, stats)."""
+        dist = lambda p: abs(p[0] - self.goal[0]) + abs(p[1] - self.goal[1])  # noqa: E731
+        optimal_len = len(bfs_path(self.size, self.walls, start, self.goal) or "")
+        pos, total, invalid, used = start, 0.0, 0, 0
+        for m in moves:
+            if pos == self.goal:
+                break
+            used += 1
+            dr, dc = DELTAS[m]
+            q = (pos[0] + dr, pos[1] + dc)
+            valid = 0 <= q[0] < self.size and 0 <= q[1] < self.size and q not in self.walls
+            total -= STEP_COST
+            if valid:
+                total += GAMMA * -dist(q) - -dist(pos)
+                pos = q
+            else:
+                total -= INVALID_PENALTY
+                invalid += 1
+        reached = pos == self.goal
+        if reached:
+            total += GOAL_BONUS + (OPTIMAL_BONUS if used == optimal_len else 0.0)
+        return pos, total, {"moves_used": used, "invalid_moves": invalid, "reached": reached}
+
+    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        moves, ok = parse_moves(text, self.max_moves)
+        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves)}
+        if not moves:
+            if agent == "tool":
+                self.proposal = None
+            return Reward(team=0.0, local=FORMAT_PENALTY), info
+        end, local, stats = self.simulate(self.pos, moves)
+        info.update(stats)
+        if not ok:
+            local += FORMAT_PENALTY
+        if agent == "tool":
+            self.proposal = ("".join(moves), end, stats["reached"])
+        else:
+            self.pos = end
+            self.history.append("".join(moves))
+        return Reward(team=1.0 if self.success else 0.0, local=local), info
+
+    def expert_action(self, agent: str) -> str:
+        return bfs_path(self.size, self.walls, self.pos, self.goal) or ""
+
+    # ---- prompts --------------------------------------------------------------------------------------
+    def _observe(self, agent: str, style: str) -> str | Messages:
+        return self._compact(agent) if style == "compact" else self._chat(agent)
+
+    def _compact(self, agent: str) -> str:
+        """Fixed-format text for tiny policies: header, grid, the tool's proposal (planner only), '>'."""
+        head = f"{agent[0].upper()}{self.turn} A{self.pos[0]},{self.pos[1]} G{self.goal[0]},{self.goal[1]}"
+        lines = [head, render(self.size, self.walls, self.pos, self.goal)]
+        if agent == "plan" and "tool" in self.agents:
+            if self.proposal is None:
+                lines.append("T:?")
+            else:
+                moves, end, reached = self.proposal
+                lines.append(f"T:{moves[:40]}@{end[0]},{end[1]}{'+' if reached else '-'}")
+        return "\n".join(lines) + "\n>"
+
+    def _chat(self, agent: str) -> Messages:
+        rules = (
+            f"You are the {'tool agent' if agent == 'tool' else 'plan agent'} of a team solving a path-planning "
+            f"puzzle on a {self.size}x{self.size} grid. Cells: '#' wall, '.' free, 'A' your current position, "
+            "'G' the goal. Moves: U (row-1), D (row+1), L (col-1), R (col+1); a move into a wall or off the grid "
+            "leaves you in place. Rows and columns count from 0.")
+        if agent == "tool":
+            task = ("Propose a move list that takes A to G. Your proposal is simulated and shown to the plan "
+                    "agent, who makes the real moves.")
+        else:
+            task = "Give the move list that is executed now, from the current position."
+        fmt = "Think briefly, then end with your answer as a list on the last line, e.g. [R, R, D, L]."
+        body = [f"Turn {self.turn + 1} of {self.max_turns}.",
+                f"Current position: row {self.pos[0]}, col {self.pos[1]}. Goal: row {self.goal[0]}, "
+                f"col {self.goal[1]}.", "Grid:", render(self.size, self.walls, self.pos, self.goal)]
+        if self.history:
+            body.append("Moves executed so far: " + " then ".join(self.history))
+        if agent == "plan" and self.proposal is not None:
+            moves, end, reached = self.proposal
+            body.append(f"Tool agent proposed [{', '.join(moves)}]; simulated from the current position it ends "
+                        f"at row {end[0]}, col {end[1]} ({'reaches' if reached else 'does not reach'} the goal).")
+        return [{"role": "system", "content": f"{rules} {task} {fmt}"}, {"role": "user", "content": "\n".join(body)}]
