@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ class MultiAgentEnv:
 
     name: str = "base"
     agents: tuple[str, ...] = ()
+    single_agent_roles: tuple[str, ...] = ()  # the roles of the single-agent (L0) variant: pass as roles=
 
     def __init__(self, max_turns: int, style: str = "compact"):
         if style not in PROMPT_STYLES:
@@ -136,6 +138,17 @@ class MultiAgentEnv:
 
     def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
         raise NotImplementedError
+
+    def demo_action(self, agent: str, rng: random.Random, noise: float) -> str:
+        """A noisy expert action for warm-start demonstrations: each character of the expert's answer is
+        replaced, with probability ``noise``, by a random character of the environment's answer alphabet."""
+        alphabet = self.answer_alphabet()
+        return "".join(rng.choice(alphabet) if ch in alphabet and rng.random() < noise else ch
+                       for ch in self.expert_action(agent))
+
+    def answer_alphabet(self) -> str:
+        """The characters that make up answers (used by ``demo_action``)."""
+        raise NotImplementedError(f"{self.name} defines no answer alphabet")
 
     def expert_action(self, agent: str) -> str:
         """A scripted (optimal or strong) action text for ``agent`` in the current state: used for warm-start

@@ -80,6 +80,7 @@ def render(size: int, walls: frozenset[Pos], pos: Pos, goal: Pos) -> str:
 
 class PlanPathEnv(MultiAgentEnv):
     name = "plan_path"
+    single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 10, wall_prob: float = 0.22, max_turns: int = 4, style: str = "compact",
                  split: str = "train", roles: tuple[str, ...] = ("tool", "plan"), max_moves: int | None = None):
@@ -155,6 +156,9 @@ class PlanPathEnv(MultiAgentEnv):
 
     def expert_action(self, agent: str) -> str:
         return bfs_path(self.size, self.walls, self.pos, self.goal) or ""
+
+    def answer_alphabet(self) -> str:
+        return "UDLR"
 
     # ---- prompts --------------------------------------------------------------------------------------
     def _observe(self, agent: str, style: str) -> str | Messages:

@@ -1,0 +1,1 @@
+"""Pure functions for the math of AT-GRPO: group keys, advantages, losses (imports only torch)."""

@@ -1,0 +1,7 @@
+"""Policies: the trainable models behind the agents (never imports envs)."""
+
+from .causal_lm import CausalLMPolicy, Completion
+from .tiny import TinyModelConfig, build_tiny_model
+from .tokenizer import ByteTokenizer
+
+__all__ = ["CausalLMPolicy", "Completion", "TinyModelConfig", "build_tiny_model", "ByteTokenizer"]

@@ -1,0 +1,161 @@
+"""A policy backed by any transformers causal LM: batched shared-prefix sampling and response log-probs.
+
+Sampling is plain temperature sampling, nothing else (no top-p, top-k or repetition penalty), so the
+log-probabilities stored at sampling time and those the loss computes come from the same distribution
+``softmax(logits / T)`` (REFERENCE section 7, mistake 4). ``temperature=0`` means greedy decoding (eval).
+
+Generation prefills each distinct prompt once and expands its KV cache ``n`` ways, and rows that have emitted
+EOS are dropped from the cache so they stop costing compute.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from .tokenizer import ByteTokenizer
+
+
+@dataclass
+class Completion:
+    ids: list[int]  # response tokens, EOS included when produced
+    logprobs: list[float]  # log p(token) under softmax(logits / T) at sampling time; empty when greedy
+    text: str  # decoded response without special tokens
+    finished: bool  # True when EOS was produced within max_new_tokens
+
+
+class CausalLMPolicy:
+    """One trainable policy: a causal LM, its tokenizer, and the device it lives on."""
+
+    def __init__(self, policy_id: str, model, tokenizer, device: str = "cpu", max_prompt_tokens: int = 4096):
+        self.policy_id = policy_id
+        self.model = model.to(device)
+        self.tokenizer = tokenizer
+        self.device = device
+        self.max_prompt_tokens = max_prompt_tokens
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`
+        self._cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+
+    # ---- prompts --------------------------------------------------------------------------------------
+    def render(self, prompt: str | list[dict[str, str]]) -> str:
+        """Prompt text: compact prompts as they are; chat messages through the tokenizer's chat template."""
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(self.tokenizer, ByteTokenizer) or not getattr(self.tokenizer, "chat_template", None):
+            return "".join(f"<{m['role']}>\n{m['content']}\n" for m in prompt) + "<assistant>\n"
+        return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        if isinstance(self.tokenizer, ByteTokenizer):
+            ids = self.tokenizer.encode(text, add_bos=True)
+        else:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > self.max_prompt_tokens:
+            raise ValueError(f"prompt of {len(ids)} tokens exceeds max_prompt_tokens={self.max_prompt_tokens} "
+                             f"(policy {self.policy_id}); raise rollout.max_prompt_tokens or shorten the prompt")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if isinstance(self.tokenizer, ByteTokenizer):
+            return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    # ---- sampling -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> list[list[Completion]]:
+        """``n`` completions for each prompt: result[i][k] is branch k of prompt i."""
+        if not prompt_ids:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        B, dev = len(prompt_ids), self.device
+        Lp = max(len(p) for p in prompt_ids)
+        input_ids = torch.full((B, Lp), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, Lp), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):  # left padding: every prompt ends at column Lp - 1
+            input_ids[i, Lp - len(p):] = torch.tensor(p)
+            attn[i, Lp - len(p):] = 1
+        input_ids, attn = input_ids.to(dev), attn.to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
+        cache = DynamicCache()
+        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                         **{self._cache_kw: cache})
+        logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
+        cache.batch_repeat_interleave(n)
+        attn = attn.repeat_interleave(n, 0)
+        next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (R,)
+        R = B * n
+        rows = torch.arange(R, device=dev)  # which output row each live cache row belongs to
+        toks: list[list[int]] = [[] for _ in range(R)]
+        lps: list[list[float]] = [[] for _ in range(R)]
+        done = [False] * R
+        for _ in range(max_new_tokens):
+            if temperature > 0:
+                logp_all = F.log_softmax(logits / temperature, dim=-1)
+                tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (A,)
+                tok_lp = logp_all.gather(1, tok[:, None]).squeeze(1).tolist()
+            else:
+                tok = logits.argmax(-1)
+                tok_lp = None
+            finished = tok == self.eos_id
+            for j, (r, t) in enumerate(zip(rows.tolist(), tok.tolist())):
+                toks[r].append(t)
+                if tok_lp is not None:
+                    lps[r].append(tok_lp[j])
+                if t == self.eos_id:
+                    done[r] = True
+            if bool(finished.all()):
+                break
+            if bool(finished.any()):  # drop finished rows: they stop costing compute
+                keep = (~finished).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                             use_cache=True, **{self._cache_kw: cache})
+            logits = out.logits[:, -1].float()
+            next_pos = next_pos + 1
+        self.model.train(was_training)
+        comps = [Completion(toks[r], lps[r], self.decode(toks[r]), done[r]) for r in range(R)]
+        return [comps[i * n:(i + 1) * n] for i in range(B)]
+
+    # ---- scoring --------------------------------------------------------------------------------------
+    def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]],
+                          temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(response tokens | prompt) under softmax(logits / T), with gradients.
+
+        Returns ``logp  # (B, T)`` and ``mask  # (B, T)``, T = the longest response; rows right-padded.
+        """
+        B = len(prompt_ids)
+        lens = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+        L, T = max(lens), max(len(r) for r in response_ids)
+        seq = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, L), dtype=torch.long)
+        tgt_idx = torch.zeros((B, T), dtype=torch.long)  # position whose logits predict response token t
+        mask = torch.zeros((B, T))
+        for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+            seq[i, :lens[i]] = torch.tensor(p + r)
+            attn[i, :lens[i]] = 1
+            tgt_idx[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
+            mask[i, :len(r)] = 1
+        seq, attn, tgt_idx, mask = (x.to(self.device) for x in (seq, attn, tgt_idx, mask))
+        logits = self.model(input_ids=seq, attention_mask=attn).logits  # (B, L, V)
+        picked = logits.gather(1, tgt_idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
+        logp_all = F.log_softmax(picked.float() / max(temperature, 1e-6), dim=-1)
+        targets = torch.zeros((B, T), dtype=torch.long, device=self.device)
+        for i, r in enumerate(response_ids):
+            targets[i, :len(r)] = torch.tensor(r)
+        logp = logp_all.gather(2, targets[:, :, None]).squeeze(2) * mask  # (B, T)
+        return logp, mask
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())

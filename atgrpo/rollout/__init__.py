@@ -1,0 +1,6 @@
+"""Rollouts: the AT-GRPO tree sampler and the plain multi-episode runner (eval, baselines)."""
+
+from .records import EpisodeResult, Sample
+from .tree import trajectory_rollout, tree_rollout
+
+__all__ = ["EpisodeResult", "Sample", "trajectory_rollout", "tree_rollout"]

@@ -1,0 +1,1 @@
+"""Training: the train step, the local runner, warm start, evaluation, metrics."""

@@ -1,0 +1,92 @@
+"""One policy's update on its own fresh samples: one PPO epoch split into mini-batches (REFERENCE section 2).
+
+Old log-probs are the ones recorded at sampling time (same model, same temperature: the ratio starts at 1 up
+to float noise). Gradient accumulation over micro-batches uses the mini-batch's total token (or sequence)
+count as normaliser, so it equals one pass over the mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..algorithms.losses import policy_loss
+from ..config import AlgoConfig
+from ..policies.causal_lm import CausalLMPolicy
+from ..rollout.records import Sample
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    clipfrac: float = 0.0
+    approx_kl: float = 0.0
+    grad_norm: float = 0.0
+    tokens: int = 0
+    samples: int = 0
+    optimizer_steps: int = 0
+    skipped_nonfinite: int = 0
+
+
+def make_optimizer(policy: CausalLMPolicy, algo: AlgoConfig) -> torch.optim.Optimizer:
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999))
+
+
+def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samples: list[Sample],
+                  algo: AlgoConfig, temperature: float, generator: torch.Generator,
+                  reference: CausalLMPolicy | None = None) -> UpdateStats:
+    """``reference``: the frozen policy of the KL penalty (needed when ``algo.kl_coef > 0``)."""
+    stats = UpdateStats(samples=len(samples))
+    if not samples:
+        return stats
+    policy.model.train()
+    order = torch.randperm(len(samples), generator=generator).tolist()
+    n_mb = min(algo.minibatches, len(samples))
+    chunks = [order[i::n_mb] for i in range(n_mb)]
+    loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
+    for chunk in chunks:
+        mb = [samples[i] for i in chunk]
+        tokens = sum(len(s.response_ids) for s in mb)
+        normalizer = float(tokens) if algo.aggregation == "token-mean" else float(len(mb))
+        optimizer.zero_grad(set_to_none=True)
+        mb_loss = 0.0
+        for start in range(0, len(mb), algo.micro_batch_size):
+            micro = mb[start:start + algo.micro_batch_size]
+            logp, mask = policy.response_logprobs([s.prompt_ids for s in micro], [s.response_ids for s in micro],
+                                                  temperature)
+            old = torch.zeros_like(logp)
+            for i, s in enumerate(micro):
+                old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+            adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=logp.device)
+            ref_logp = None
+            if algo.kl_coef > 0:
+                if reference is None:
+                    raise ValueError("algo.kl_coef > 0 needs a frozen reference policy")
+                with torch.no_grad():
+                    ref_logp, _ = reference.response_logprobs([s.prompt_ids for s in micro],
+                                                              [s.response_ids for s in micro], temperature)
+            loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                   aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
+                                   ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
+            loss.backward()
+            mb_loss += float(loss)
+            clip_sum += ls.clipfrac
+            kl_sum += ls.approx_kl
+            stats.tokens += ls.tokens
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
+        if not (math.isfinite(mb_loss) and math.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            stats.skipped_nonfinite += 1
+            continue
+        optimizer.step()
+        stats.optimizer_steps += 1
+        stats.grad_norm = max(stats.grad_norm, grad_norm)
+        loss_sum += mb_loss
+    stats.loss = loss_sum / max(1, stats.optimizer_steps)
+    stats.clipfrac = clip_sum / max(1, stats.tokens)
+    stats.approx_kl = kl_sum / max(1, stats.tokens)
+    optimizer.zero_grad(set_to_none=True)
+    return stats
