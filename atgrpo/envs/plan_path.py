@@ -25,7 +25,7 @@ from . import splits
 from .base import Messages, MultiAgentEnv, Reward
 from .moves import DELTAS, parse_moves
 
-FORMAT_PENALTY = -0.2
+FORMAT_PENALTY = -1.0
 STEP_COST = 0.01
 INVALID_PENALTY = 0.1
 GOAL_BONUS = 1.0

@@ -117,3 +117,38 @@ def train(cfg: Config, run_dir: str, progress: bool = True) -> dict[str, Any]:
     say(f"eval after: success {after['success_rate']:.3f} (before {before['success_rate']:.3f}); "
         f"{summary['wall_seconds']:.0f}s; outputs in {run_dir}")
     return summary
+
+
+def load_policies(state: TrainState, path: str) -> None:
+    """Load the weights saved by ``save_policies`` into the state's policies (same config)."""
+    from transformers import AutoModelForCausalLM
+
+    for pid, policy in state.policies.items():
+        d = os.path.join(path, pid)
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"no saved policy {pid!r} at {d}; policies of this config: {sorted(state.policies)}")
+        loaded = AutoModelForCausalLM.from_pretrained(d)
+        policy.model.load_state_dict(loaded.state_dict())
+
+
+def evaluate_target(target: str, overrides: list[str], progress: bool = True) -> dict[str, Any]:
+    """``atgrpo eval``: a run directory (its config and final checkpoint) or a config file (fresh policies,
+    warm-started if the config says so: the no-RL baselines)."""
+    from ..config import ConfigError, load_config
+
+    if os.path.isdir(target):
+        cfg_path = os.path.join(target, "config.yaml")
+        if not os.path.exists(cfg_path):
+            raise ConfigError(f"{target} is not a run directory (no config.yaml)")
+        cfg = load_config(cfg_path, overrides)
+        state = build_state(cfg)
+        load_policies(state, os.path.join(target, "checkpoint", "final"))
+    elif os.path.exists(target):
+        cfg = load_config(target, overrides)
+        state = build_state(cfg)
+        if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
+            warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
+    else:
+        raise ConfigError(f"{target!r} is neither a run directory nor a config file")
+    metrics, _ = run_eval(state, cfg.seed)
+    return {"target": target, "env": cfg.env.name, "sharing": cfg.policy.sharing, **metrics}

@@ -72,7 +72,7 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
                                    aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
                                    ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
             loss.backward()
-            mb_loss += float(loss)
+            mb_loss += loss.item()
             clip_sum += ls.clipfrac
             kl_sum += ls.approx_kl
             stats.tokens += ls.tokens
