@@ -8,6 +8,7 @@ name the key and the valid choices, before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,9 +136,24 @@ def _build(cls, data: dict[str, Any], path: str):
         if key not in fields:
             raise ConfigError(f"unknown config key {full!r}; valid keys here: {', '.join(fields)}")
         sub = _dataclass_type(cls, key)
-        kwargs[key] = _build(sub, value, full) if sub is not None else value
+        kwargs[key] = _build(sub, value, full) if sub is not None else _coerce(fields[key], value, full)
     obj = cls(**kwargs)
     return obj
+
+
+def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
+    """YAML 1.1 reads ``1e-4`` as a string: turn strings into floats where the field is a float. Bool fields
+    take only true/false."""
+    if isinstance(f.default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} must be true or false")
+        return value
+    if isinstance(f.default, float) and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{key}={value!r} must be a number") from None
+    return value
 
 
 def _dataclass_type(cls, name: str):
@@ -163,8 +179,12 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     parts = key.strip().split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
-        if not isinstance(node.get(part), dict):
-            raise ConfigError(f"unknown config key {'.'.join(parts[:i + 1])!r} in override {item!r}")
+        if part not in node:
+            raise ConfigError(f"unknown config key {'.'.join(parts[:i + 1])!r} in override {item!r}; "
+                              f"valid keys here: {', '.join(node)}")
+        if not isinstance(node[part], dict):
+            raise ConfigError(f"config key {'.'.join(parts[:i + 1])!r} is a value, not a section "
+                              f"(override {item!r})")
         node = node[part]
     if parts[-1] not in node and not _is_free_dict(parts):
         raise ConfigError(f"unknown config key {key!r}; valid keys here: {', '.join(node)}")
@@ -202,9 +222,10 @@ def _choice(key: str, value: Any, choices) -> None:
 
 
 def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+          and (value >= 0 if allow_zero else value > 0))
     if not ok:
-        raise ConfigError(f"{key}={value!r} must be a number {'>= 0' if allow_zero else '> 0'}")
+        raise ConfigError(f"{key}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}")
 
 
 def validate(cfg: Config) -> None:

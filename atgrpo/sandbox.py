@@ -7,13 +7,17 @@ crashes, signals, floods of output); it only raises when the sandbox itself cann
 set up.  :class:`SandboxPool` / :func:`run_many` run many programs on a thread pool.
 
 What is isolated
-    * Fresh temporary working directory (``HOME`` too), removed after the run.
-    * Scrubbed environment: only ``PATH``, ``LANG`` and ``HOME``; nothing inherited.
+    * Fresh temporary working directory (``HOME`` too; created by ``tempfile``, so
+      ``TMPDIR`` must be traversable by other users, as /tmp is), removed after the run.
+    * Scrubbed environment: only ``PATH``, ``LANG``, ``HOME`` (and ``MALLOC_ARENA_MAX``
+      so that threads fit under the address-space limit); nothing inherited.
     * ``setrlimit`` in the child: CPU seconds, address space, file size, processes,
       no core dumps.  Output is read incrementally and capped per stream; a program
       that keeps writing far past the cap is killed.
-    * Timeout: the whole process group (and namespace, below) gets SIGKILL; the same
-      kill always happens after a run, so no grandchild survives it.
+    * Timeout: SIGKILL to the PID namespace's init (below), which takes the whole
+      namespace down, or else to the whole process group; the same kill always happens
+      after a run, so no grandchild survives it.  If our own process is SIGKILLed, the
+      sandbox dies with it (parent-death signal) but its working directory stays.
     * When running as root (with CAP_SYS_ADMIN) -- the normal case on training boxes:
         - the program runs as an unprivileged uid unique to the run (``UID_BASE`` +
           ``64 * pid + slot``, not in /etc/passwd) with ``no_new_privs``.  Root ignores
@@ -30,6 +34,10 @@ What is isolated
           the sandbox uid cannot traverse but that hold the interpreter (e.g. pyenv
           under ``/root``) are covered by a tmpfs that re-exposes only the interpreter.
         - private network namespace (only a down loopback) unless ``Limits.network``.
+    * Root without CAP_SYS_ADMIN (e.g. a default Docker container): the uid drop still
+      happens if the interpreter is reachable by other users (e.g. /usr/local/bin), but
+      processes that leave the process group (``setsid``) can outlive the run.  If it
+      is not reachable either, the program runs AS ROOT and a RuntimeWarning is issued.
     * Not root: resource limits, scrubbed env, process-group kill, and network
       isolation via an unprivileged user namespace where the kernel allows it.
 
@@ -38,6 +46,8 @@ What is NOT isolated
     no seccomp filter, the kernel is shared (kernel exploits win), world-readable
     files (``/etc``, the repository, site-packages) can be read, memory is limited by
     address space (not cgroups), disk use in the working directory only per file.
+    The pre-exec hook forks from the (possibly multi-threaded) caller and runs only
+    plain syscalls via ``os``/``ctypes`` before exec.
 
 Network isolation
     ``NETWORK_ISOLATION`` (module attribute, probed lazily on first access) says whether
@@ -66,10 +76,11 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 __all__ = ["ExecResult", "Isolation", "Limits", "SandboxPool", "isolation",
            "leftover_processes", "run_many", "run_python", "NETWORK_ISOLATION"]
@@ -173,7 +184,12 @@ def isolation() -> Isolation:
     network = _probe(_CLONE_NEWNET if root else _CLONE_NEWUSER | _CLONE_NEWNET)
     blocked = _untraversable_ancestors()
     reveal = tuple((d, tuple(sorted(k))) for d, k in sorted(blocked.items())) if namespaces else ()
-    return Isolation(namespaces, network, root and (namespaces or not blocked), reveal)
+    drop = root and (namespaces or not blocked)
+    if root and not drop:
+        warnings.warn(f"atgrpo.sandbox: running untrusted code AS ROOT (no mount namespace to expose "
+                      f"{sorted(blocked)} to an unprivileged uid); fork bombs are not contained and "
+                      "programs can kill any process", RuntimeWarning, stacklevel=2)
+    return Isolation(namespaces, network, drop, reveal)
 
 
 def __getattr__(name: str):  # PEP 562: NETWORK_ISOLATION is probed on first access
@@ -225,6 +241,7 @@ class _ChildPlan:
     namespaces: bool        # PID + mount namespace with our own init
     reveal: tuple[tuple[str, tuple[str, ...]], ...]
     tmpfs_mb: int
+    pid_fd: int             # where the outer waiter reports the init's pid
     status_fd: int          # where the init reports the program's wait status
 
 
@@ -262,18 +279,21 @@ def _become_sandboxed(plan: _ChildPlan) -> None:
     os.chdir(plan.workdir)
 
 
-def _close_fds_except(keep: int) -> None:
-    os.closerange(0, keep)
-    os.closerange(keep + 1, 1 << 20)
+def _close_fds(keep: int | None = None) -> None:
+    """Close every fd but ``keep`` (os.closerange uses close_range(2): cheap)."""
+    if keep:  # note: closerange(0, 0) would close everything
+        os.closerange(0, keep)
+    os.closerange(0 if keep is None else keep + 1, 1 << 20)
 
 
 def _child_main(plan: _ChildPlan) -> None:
     """Pre-exec hook, run in the forked child (already a session leader).
 
-    With namespaces it forks twice: this process waits outside the new PID namespace,
-    its child is the namespace's init (reaps, reports the program's status, exits with
-    it -- killing everything left), and the grandchild returns to exec the program.
-    The two waiters close every inherited fd so that only the program holds the pipes.
+    With namespaces it forks twice: this process (P0) waits outside the new PID
+    namespace and reports the pid of its child, the namespace's init (P1), which reaps,
+    reports the program's status and exits with it -- the kernel then kills everything
+    left in the namespace; the grandchild returns to exec the program.  P0 and P1 close
+    every inherited fd so that only the program holds the pipes.
     """
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if plan.unshare:
@@ -283,8 +303,8 @@ def _child_main(plan: _ChildPlan) -> None:
     init = os.fork()
     if init:
         try:
-            _close_fds_except(plan.status_fd)
-            os.close(plan.status_fd)
+            os.write(plan.pid_fd, init.to_bytes(4, "little"))
+            _close_fds()
             os.waitpid(init, 0)
         finally:
             os._exit(0)
@@ -294,7 +314,7 @@ def _child_main(plan: _ChildPlan) -> None:
     if program == 0:
         return _become_sandboxed(plan)
     try:
-        _close_fds_except(plan.status_fd)
+        _close_fds(keep=plan.status_fd)
         while True:
             pid, status = os.waitpid(-1, 0)
             if pid == program:
@@ -304,16 +324,48 @@ def _child_main(plan: _ChildPlan) -> None:
         os._exit(0)
 
 
-def _kill_group(pgid: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def _open_init(proc: subprocess.Popen, pid_fd: int) -> int | None:
+    """A pidfd for the namespace init P1 (None if it is already gone).
+
+    P1 is P0's child and only P0 could reap it, so if the pid still has parent P0
+    after opening the pidfd, the pidfd is P1's and not a recycled pid's.
+    """
+    pid = int.from_bytes(os.read(pid_fd, 4), "little")
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                return fd
+    except (OSError, ValueError, IndexError):
+        pass
+    os.close(fd)
+    return None
 
 
-def _communicate(proc: subprocess.Popen, data: bytes, timeout: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
+def _killer(proc: subprocess.Popen, init_fd: int | None):
+    """Kill the sandbox: its PID-namespace init if there is one, else its process group.
+
+    Only the init is killed in namespace mode: the kernel then kills the namespace and
+    P0 reaps P1 and exits.  (Killing P0 too would orphan P1 mid-teardown.)
+    """
+    def kill() -> None:
+        with suppress(ProcessLookupError, PermissionError):
+            if init_fd is not None:
+                signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+            elif proc.returncode is None:  # not reaped yet, so the group id is still ours
+                os.killpg(proc.pid, signal.SIGKILL)
+    return kill
+
+
+def _communicate(proc: subprocess.Popen, data: bytes, timeout: float, cap: int, kill) -> tuple[bytes, bytes, bool, bool]:
     """Feed stdin and collect capped stdout/stderr until the program and its pipes are done.
 
     Never reaps ``proc`` (its pid must stay valid as our process-group id). Returns
-    (stdout, stderr, timed_out, flooded); on timeout or flooding the group is killed.
+    (stdout, stderr, timed_out, truncated); on timeout, or once a stream runs far past
+    the cap, the sandbox is killed (with a short grace to drain what is already written).
     """
     flood_limit = max(8 * cap, 1 << 20)
     out, err = proc.stdout.fileno(), proc.stderr.fileno()
@@ -333,13 +385,13 @@ def _communicate(proc: subprocess.Popen, data: bytes, timeout: float, cap: int) 
     except (AttributeError, OSError):
         pidfd = None
     exited = pidfd is None
-    timed_out = flooded = False
+    timed_out = False
     deadline, stop_at = time.monotonic() + timeout, None  # stop_at: grace for draining after a kill
     while any(fd in kept for fd in sel.get_map()) or not exited:
         now = time.monotonic()
         if stop_at is None and now >= deadline:
             timed_out, stop_at = True, now + 1.0
-            _kill_group(proc.pid)
+            kill()
         if stop_at is not None and now >= stop_at:
             break
         for key, _ in sel.select((stop_at or deadline) - now):
@@ -347,7 +399,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, timeout: float, cap: int) 
             if fd == pidfd:  # program gone: kill stragglers so the pipes close
                 exited = True
                 sel.unregister(fd)
-                _kill_group(proc.pid)
+                kill()
             elif fd == stdin_fd:
                 try:
                     pos += os.write(fd, data[pos:pos + 65536])
@@ -365,77 +417,118 @@ def _communicate(proc: subprocess.Popen, data: bytes, timeout: float, cap: int) 
                 seen[fd] += len(chunk)
                 kept[fd] += chunk[: max(0, cap - len(kept[fd]))]
                 if seen[fd] > flood_limit and stop_at is None:
-                    flooded, stop_at = True, time.monotonic() + 1.0
-                    _kill_group(proc.pid)
+                    stop_at = time.monotonic() + 1.0
+                    kill()
     sel.close()
     if pidfd is not None:
         os.close(pidfd)
     with suppress(OSError):
         proc.stdin.close()
-    truncated = seen[out] > cap or seen[err] > cap
-    return bytes(kept[out]), bytes(kept[err]), timed_out, flooded or truncated
+    return bytes(kept[out]), bytes(kept[err]), timed_out, seen[out] > cap or seen[err] > cap
 
 
 def _env(workdir: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir}
+    """A fresh environment; nothing is inherited from ours.
+
+    MALLOC_ARENA_MAX: glibc reserves 64 MiB of address space per malloc arena (up to
+    8 per core), so under RLIMIT_AS a program with a dozen threads could not start them.
+    """
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "MALLOC_ARENA_MAX": "2"}
+
+
+def _rlimits(limits: Limits, timeout: float) -> tuple[tuple[int, int, int], ...]:
+    cpu = limits.cpu_seconds or math.ceil(timeout) + 1
+    mem, fsize = limits.memory_mb << 20, limits.file_size_mb << 20
+    return ((resource.RLIMIT_CPU, cpu, cpu + 1),  # soft: SIGXCPU, hard: SIGKILL
+            (resource.RLIMIT_AS, mem, mem),
+            (resource.RLIMIT_FSIZE, fsize, fsize),
+            (resource.RLIMIT_NPROC, limits.max_processes, limits.max_processes),
+            (resource.RLIMIT_CORE, 0, 0))
+
+
+def _unshare_flags(iso: Isolation, limits: Limits) -> int:
+    flags = _CLONE_NEWNS | _CLONE_NEWPID if iso.namespaces else 0
+    if iso.network and not limits.network:
+        flags |= _CLONE_NEWNET if os.geteuid() == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
+    return flags
+
+
+@contextmanager
+def _workspace(code: str, drop_privileges: bool) -> Iterator[tuple[str, int | None]]:
+    """A fresh working directory holding ``main.py`` (owned by a fresh sandbox uid)."""
+    uid = _UIDS.acquire() if drop_privileges else None
+    workdir = None
+    try:
+        workdir = tempfile.mkdtemp(prefix="atgrpo-sbx-")
+        script = os.path.join(workdir, "main.py")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(code)
+        if uid is not None:
+            os.chown(workdir, uid, uid)
+            os.chown(script, uid, uid)
+        yield workdir, uid
+    finally:
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if uid is not None:
+            _UIDS.release(uid)
+
+
+class _Pipe:
+    """``os.pipe()`` closed on exit; the child inherits ``w`` (closed here after the fork)."""
+
+    def __enter__(self) -> _Pipe:
+        self.r, self.w = os.pipe()
+        return self
+
+    def close_write(self) -> None:
+        os.close(self.w)
+        self.w = None
+
+    def __exit__(self, *exc) -> None:
+        for fd in (self.r, self.w):
+            if fd is not None:
+                os.close(fd)
+
+
+def _program_returncode(proc: subprocess.Popen, status_r: int, namespaces: bool) -> int:
+    """Popen-style return code of the program itself (negative: killed by that signal)."""
+    if not namespaces:
+        return proc.returncode
+    os.set_blocking(status_r, False)
+    status = b""
+    with suppress(BlockingIOError):
+        status = os.read(status_r, 4)
+    if len(status) < 4:  # the init was killed (by us) before it could report
+        return -signal.SIGKILL
+    return os.waitstatus_to_exitcode(int.from_bytes(status, "little"))
 
 
 def run_python(code: str, stdin: str = "", timeout: float = 5.0, limits: Limits | None = None) -> ExecResult:
     """Run ``code`` as ``python -I main.py`` in a fresh sandbox and return what happened."""
     limits = limits or Limits()
     iso = isolation()
-    cpu = limits.cpu_seconds or math.ceil(timeout) + 1
-    mib = 1 << 20
-    rlimits = ((resource.RLIMIT_CPU, cpu, cpu + 1),
-               (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
-               (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
-               (resource.RLIMIT_NPROC, limits.max_processes, limits.max_processes),
-               (resource.RLIMIT_CORE, 0, 0))
-    unshare = _CLONE_NEWNET if iso.network and not limits.network else 0
-    if unshare and os.geteuid() != 0:
-        unshare |= _CLONE_NEWUSER
-    if iso.namespaces:
-        unshare |= _CLONE_NEWNS | _CLONE_NEWPID
-    uid = _UIDS.acquire() if iso.drop_privileges else None
-    workdir = status_r = status_w = proc = None
-    try:
-        workdir = tempfile.mkdtemp(prefix="atgrpo-sbx-")
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
-            f.write(code)
-        if uid is not None:
-            for path in (workdir, os.path.join(workdir, "main.py")):
-                os.chown(path, uid, uid)
-        status_r, status_w = os.pipe()
-        plan = _ChildPlan(workdir, uid, rlimits, unshare, iso.namespaces, iso.reveal,
-                          limits.file_size_mb, status_w)
+    with _workspace(code, iso.drop_privileges) as (workdir, uid), _Pipe() as pid_pipe, _Pipe() as status_pipe:
+        plan = _ChildPlan(workdir, uid, _rlimits(limits, timeout), _unshare_flags(iso, limits), iso.namespaces,
+                          iso.reveal, limits.file_size_mb, pid_pipe.w, status_pipe.w)
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-I", "main.py"], cwd=workdir, env=_env(workdir),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=functools.partial(_child_main, plan))
-        os.close(status_w)
-        status_w = None
-        out, err, timed_out, truncated = _communicate(proc, stdin.encode(), timeout, limits.max_output_bytes)
-        _kill_group(proc.pid)  # always, and before reaping so the group id cannot be reused
-        proc.wait()
+        with subprocess.Popen([sys.executable, "-I", "main.py"], cwd=workdir, env=_env(workdir),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True, preexec_fn=functools.partial(_child_main, plan)) as proc:
+            pid_pipe.close_write()
+            status_pipe.close_write()
+            init_fd = _open_init(proc, pid_pipe.r) if iso.namespaces else None
+            kill = _killer(proc, init_fd)
+            try:
+                out, err, timed_out, truncated = _communicate(proc, stdin.encode(), timeout,
+                                                              limits.max_output_bytes, kill)
+            finally:
+                kill()  # always, so that nothing outlives the run; before reaping (group id stays ours)
+                proc.wait()
+                if init_fd is not None:
+                    os.close(init_fd)
         wall = time.monotonic() - start
-        os.set_blocking(status_r, False)
-        status = b""
-        with suppress(BlockingIOError):
-            status = os.read(status_r, 4)
-        returncode = proc.returncode
-        if iso.namespaces and len(status) == 4:  # the init reported the program's own status
-            returncode = os.waitstatus_to_exitcode(int.from_bytes(status, "little"))
-    finally:
-        for fd in (status_r, status_w):
-            if fd is not None:
-                os.close(fd)
-        if proc is not None:
-            for stream in (proc.stdout, proc.stderr):
-                stream.close()
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
-        if uid is not None:
-            _UIDS.release(uid)
+        returncode = _program_returncode(proc, status_pipe.r, iso.namespaces)
     signaled = -returncode if returncode < 0 else None
     return ExecResult(
         stdout=out.decode("utf-8", "replace"),
