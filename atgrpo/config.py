@@ -188,7 +188,10 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         node = node[part]
     if parts[-1] not in node and not _is_free_dict(parts):
         raise ConfigError(f"unknown config key {key!r}; valid keys here: {', '.join(node)}")
-    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if parts == ["env", "name"] and value != node["name"]:
+        node["kwargs"] = {}  # another env: start from its own defaults (set env.kwargs.* after env.name)
+    node[parts[-1]] = value
 
 
 def _is_free_dict(parts: list[str]) -> bool:
@@ -208,6 +211,9 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
         _build(Config, loaded, "")  # reject unknown keys with the file's own structure
+        env = loaded.get("env") or {}
+        if "name" in env or "kwargs" in env:  # env kwargs belong to one env: a file's kwargs replace the defaults
+            data["env"]["kwargs"] = {}
         data = _merge(data, loaded)
     for item in overrides:
         apply_override(data, item)

@@ -174,11 +174,13 @@ def test_env_kwargs_accepts_new_keys():
     assert cfg.env.kwargs == {"size": 7, "wall_prob": 0.2, "max_turns": 3, "roles": ["plan"], "max_moves": 12}
 
 
-def test_env_kwargs_in_yaml_merge_with_defaults(tmp_path):
+def test_env_kwargs_in_yaml_replace_the_defaults(tmp_path):
+    """A file's env kwargs belong to its env: they replace the quickstart's Plan-Path kwargs."""
     cfg = load_config(_yaml(tmp_path, "env:\n  name: sokoban\n  kwargs:\n    num_boxes: 2\n    size: 6\n"))
     assert cfg.env.name == "sokoban"
-    assert cfg.env.kwargs["num_boxes"] == 2 and cfg.env.kwargs["size"] == 6
-    assert cfg.env.kwargs["max_turns"] == 3  # merged into the defaults
+    assert cfg.env.kwargs == {"num_boxes": 2, "size": 6}
+    assert load_config(_yaml(tmp_path, "env:\n  name: sudoku\n")).env.kwargs == {}
+    assert load_config(None, ["env.name=sudoku", "env.kwargs.size=9"]).env.kwargs == {"size": 9}
 
 
 def test_every_field_overridable():

@@ -165,8 +165,15 @@ class PlanPathEnv(MultiAgentEnv):
         return self._compact(agent) if style == "compact" else self._chat(agent)
 
     def _compact(self, agent: str) -> str:
-        """Fixed-format text for tiny policies: header, grid, the tool's proposal (planner only), '>'."""
-        head = f"{agent[0].upper()}{self.turn} A{self.pos[0]},{self.pos[1]} G{self.goal[0]},{self.goal[1]}"
+        """Fixed-format text for tiny policies: header, grid, the tool's proposal (planner only), '>'.
+
+        The header holds the role initial and turn, the current position, the goal, and the goal's
+        displacement written in move letters (``to:D2R3`` = 2 rows down, 3 columns right), a representation a
+        tiny model can learn quickly; walls can still make the straight path wrong."""
+        dr, dc = self.goal[0] - self.pos[0], self.goal[1] - self.pos[1]
+        disp = (f"{'D' if dr > 0 else 'U'}{abs(dr)}" if dr else "") + (f"{'R' if dc > 0 else 'L'}{abs(dc)}" if dc else "")
+        head = (f"{agent[0].upper()}{self.turn} A{self.pos[0]},{self.pos[1]} G{self.goal[0]},{self.goal[1]} "
+                f"to:{disp}")
         lines = [head, render(self.size, self.walls, self.pos, self.goal)]
         if agent == "plan" and "tool" in self.agents:
             if self.proposal is None:
