@@ -1,14 +1,18 @@
 """Turn-based multi-agent text environments (pure Python, no torch)."""
 
 from .base import PROMPT_STYLES, Messages, MultiAgentEnv, Reward, StepResult
+from .code import CodeEnv
+from .math_env import MathEnv
 from .plan_path import PlanPathEnv
 from .registry import check_env, make, register, registered
 from .sokoban import SokobanEnv
 from .sudoku import SudokuEnv
 
+register("code", CodeEnv, "Code: coder + unit tester write and test a stdin/stdout program, run in a sandbox")
+register("math", MathEnv, "Math: tool agent (Python) + reasoner (\\boxed{}) answer a problem; math-verify checks")
 register("plan_path", PlanPathEnv, "Plan-Path: tool agent + plan agent reach a goal on a grid with walls")
 register("sokoban", SokobanEnv, "Sokoban: tool agent + plan agent push boxes onto goals in a generated room")
 register("sudoku", SudokuEnv, "Sudoku: tool agent + plan agent complete a 4x4 or 9x9 puzzle, unique solution")
 
-__all__ = ["PROMPT_STYLES", "Messages", "MultiAgentEnv", "Reward", "StepResult", "PlanPathEnv", "SokobanEnv",
-           "SudokuEnv", "check_env", "make", "register", "registered"]
+__all__ = ["PROMPT_STYLES", "Messages", "MultiAgentEnv", "Reward", "StepResult", "CodeEnv", "MathEnv", "PlanPathEnv",
+           "SokobanEnv", "SudokuEnv", "check_env", "make", "register", "registered"]
