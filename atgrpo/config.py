@@ -20,6 +20,7 @@ from .algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 SHARING_LEVELS = ("L0", "L1", "L2", "L3")
 ROLLOUT_MODES = ("tree", "trajectory")
 MODEL_KINDS = ("tiny", "hf")
+BACKENDS = ("local", "ray")
 
 
 class ConfigError(ValueError):
@@ -44,17 +45,30 @@ class TinyConfig:
 
 @dataclass
 class ModelConfig:
-    kind: str = "tiny"  # tiny | hf (a local Hugging Face model directory in `path`)
-    path: str | None = None
+    kind: str = "tiny"  # tiny | hf (a local Hugging Face model directory in `path`, or a `preset`)
+    path: str | None = None  # hf: a local model directory (never a hub id: nothing is downloaded)
+    preset: str | None = None  # hf: a named model, e.g. smollm2-135m (see docs/models.md)
+    gguf_file: str | None = None  # hf: a GGUF file in `path` (dequantized once, cached); with a preset, its file
+    enable_thinking: bool = False  # hf: passed to the chat template (Qwen3's thinking mode; the paper: off)
+    gradient_checkpointing: bool = False  # hf: recompute activations in backward (needs algo.shared_prefix=false)
     tiny: TinyConfig = field(default_factory=TinyConfig)
-    dtype: str = "float32"
+    dtype: str = "float32"  # float32 on CPU; bfloat16 on GPU
     device: str = "cpu"
     max_prompt_tokens: int = 1024
 
 
 @dataclass
+class LoRAConfig:
+    rank: int = 16
+    alpha: float = 32.0
+    target_modules: Any = "all-linear"  # "all-linear" (every linear layer but the LM head) or a list of names
+    dropout: float = 0.0
+
+
+@dataclass
 class PolicyConfig:
     sharing: str = "L1"  # L0 single agent | L1 one shared policy | L2 per-role LoRA | L3 one model per role
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # L2: one adapter per role on one frozen base model
 
 
 @dataclass
@@ -63,7 +77,7 @@ class RolloutConfig:
     K: int = 8
     problems_per_step: int = 16
     temperature: float = 1.0
-    max_new_tokens: int = 16
+    max_new_tokens: int = 12
 
 
 @dataclass
@@ -77,17 +91,19 @@ class AlgoConfig:
     aggregation: str = "token-mean"
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
-    lr: float = 3e-4
+    lr: float = 2e-4
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     minibatches: int = 2  # optimizer steps per policy per train step (one PPO epoch)
     micro_batch_size: int = 256  # sequences per forward/backward (gradient accumulation within a mini-batch)
+    shared_prefix: bool = True  # run each distinct prompt once in the loss, K responses on its KV cache (exact)
+    update_token_budget: int = 16384  # shared_prefix: padded tokens per forward/backward (micro-batch size)
 
 
 @dataclass
 class WarmStartConfig:
     enabled: bool = True
-    episodes: int = 600  # scripted episodes on training problems
+    episodes: int = 350  # scripted episodes on training problems
     noise: float = 0.3  # probability that each expert move is replaced by a random move
     epochs: int = 2
     lr: float = 1e-3
@@ -98,7 +114,7 @@ class WarmStartConfig:
 class EvalConfig:
     problems: int = 200  # held-out problems (evaluation split)
     temperature: float = 0.0  # 0 = greedy
-    every: int = 0  # also evaluate every N steps (0: only before and after training)
+    every: int = 10  # also evaluate every N steps (0: only before and after training)
 
 
 @dataclass
@@ -107,6 +123,31 @@ class TrainConfig:
     dump_rollouts: list[int] = field(default_factory=list)  # steps to dump; empty = first and last
     tensorboard: bool = True
     plot: bool = True
+    checkpoint_every: int = 10  # steps between checkpoints (0: only at the end and on a stop signal)
+    keep_checkpoints: int = 2  # step checkpoints kept (the newest ones); checkpoint/final is always kept
+    max_nonfinite: int = 3  # stop with an error after this many skipped non-finite updates
+
+
+@dataclass
+class RayConfig:
+    """Placement of the Ray backend (docs/ray.md). Workers are Ray actors; each policy has a placement group
+    holding its rollout and update workers."""
+
+    address: str | None = None  # an existing cluster ("auto", "ray://head:10001"); None: start a local one
+    num_cpus: int | None = None  # local cluster only: logical CPUs it offers (None: every core of the machine)
+    num_rollout_workers: int = 1  # per policy: inference actors (1 keeps the local backend's random stream)
+    num_update_workers: int = 1  # per policy: data-parallel optimisation actors (torch.distributed)
+    num_env_workers: int = 2  # CPU actors that step environments (and run their sandboxed code)
+    cpus_per_worker: float = 1.0  # CPUs reserved per rollout / update worker (in its policy's placement group)
+    gpus_per_worker: float = 0.0  # GPUs reserved per rollout / update worker (> 0: model on cuda, NCCL)
+    cpus_per_env_worker: float = 1.0  # CPUs reserved per environment worker
+    env_retries: int = 3  # resubmissions of one environment task after its worker died, before the step fails
+
+
+@dataclass
+class TrainerConfig:
+    backend: str = "local"  # local (everything in this process) | ray (actors, possibly on many machines)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 @dataclass
@@ -120,6 +161,7 @@ class Config:
     warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -240,22 +282,25 @@ def validate(cfg: Config) -> None:
     _choice("env.name", cfg.env.name, list(registered()))
     _choice("env.style", cfg.env.style, PROMPT_STYLES)
     _choice("model.kind", cfg.model.kind, MODEL_KINDS)
-    if cfg.model.kind == "hf" and not cfg.model.path:
-        raise ConfigError("model.kind=hf needs model.path (a local Hugging Face model directory)")
+    _validate_model(cfg)
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("policy.sharing", cfg.policy.sharing, SHARING_LEVELS)
     if cfg.policy.sharing == "L2":
-        raise ConfigError("policy.sharing=L2 (per-role LoRA) is not implemented yet; use L0, L1 or L3")
+        _validate_lora(cfg)
     _choice("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
     _choice("algo.group_key", cfg.algo.group_key, list(GROUP_KEYS))
     _choice("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS)
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS)
     for key in ("rollout.K", "rollout.problems_per_step", "rollout.max_new_tokens", "algo.minibatches",
-                "algo.micro_batch_size", "eval.problems", "warmstart.batch_size", "model.max_prompt_tokens"):
+                "algo.micro_batch_size", "eval.problems", "warmstart.batch_size", "model.max_prompt_tokens",
+                "train.keep_checkpoints", "train.max_nonfinite"):
         sect, name = key.split(".")
         value = getattr(getattr(cfg, sect), name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{key}={value!r} must be an integer >= 1")
+    budget = cfg.algo.update_token_budget
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ConfigError(f"algo.update_token_budget={budget!r} must be an integer >= 1 (padded tokens per pass)")
     for key in ("algo.lr", "algo.grad_clip", "warmstart.lr"):
         sect, name = key.split(".")
         _positive(key, getattr(getattr(cfg, sect), name))
@@ -263,5 +308,63 @@ def validate(cfg: Config) -> None:
                 "warmstart.noise", "train.steps", "eval.every", "warmstart.episodes", "warmstart.epochs"):
         sect, name = key.split(".")
         _positive(key, getattr(getattr(cfg, sect), name), allow_zero=True)
+    every = cfg.train.checkpoint_every
+    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+        raise ConfigError(f"train.checkpoint_every={every!r} must be an integer >= 0 (0: only at the end)")
     if cfg.rollout.temperature == 0:
         raise ConfigError("rollout.temperature=0 makes all K candidates identical; use a temperature > 0")
+    _choice("trainer.backend", cfg.trainer.backend, BACKENDS)
+    _validate_ray(cfg.trainer.ray)
+
+
+def _validate_ray(r: RayConfig) -> None:
+    if r.address is not None and not (isinstance(r.address, str) and r.address):
+        raise ConfigError(f"trainer.ray.address={r.address!r} must be a cluster address (e.g. auto) or null")
+    if r.num_cpus is not None and (not isinstance(r.num_cpus, int) or isinstance(r.num_cpus, bool) or r.num_cpus < 1):
+        raise ConfigError(f"trainer.ray.num_cpus={r.num_cpus!r} must be an integer >= 1 or null (every core)")
+    for name in ("num_rollout_workers", "num_update_workers", "num_env_workers", "env_retries"):
+        v = getattr(r, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "env_retries" else 1):
+            raise ConfigError(f"trainer.ray.{name}={v!r} must be an integer >= {0 if name == 'env_retries' else 1}")
+    _positive("trainer.ray.cpus_per_worker", r.cpus_per_worker)  # > 0: a placement-group bundle may not be empty
+    _positive("trainer.ray.gpus_per_worker", r.gpus_per_worker, allow_zero=True)
+    _positive("trainer.ray.cpus_per_env_worker", r.cpus_per_env_worker, allow_zero=True)
+
+
+def _validate_model(cfg: Config) -> None:
+    """model.kind=hf: a path or a preset; a path must exist here (a hub id is named as such: no downloads)."""
+    m = cfg.model
+    if m.kind != "hf":
+        if m.preset or m.gguf_file:
+            raise ConfigError(f"model.preset / model.gguf_file need model.kind=hf (model.kind={m.kind!r})")
+        return
+    import os
+
+    from .policies.hf import PRESETS, model_source_error  # local import: pulls in torch
+
+    if m.preset is not None:
+        _choice("model.preset", m.preset, list(PRESETS))
+        if m.gguf_file and not os.path.isfile(os.path.expanduser(m.gguf_file)):
+            raise ConfigError(f"model.gguf_file={m.gguf_file!r} (the GGUF of model.preset={m.preset}) does not exist")
+    elif not m.path:
+        raise ConfigError("model.kind=hf needs model.path (a local Hugging Face model directory) or model.preset "
+                          f"(one of: {', '.join(PRESETS)})")
+    else:
+        err = model_source_error(m.path, m.gguf_file)
+        if err:
+            raise ConfigError(err)
+    if m.gradient_checkpointing and cfg.algo.shared_prefix:
+        raise ConfigError("model.gradient_checkpointing=true drops the KV cache that algo.shared_prefix=true scores "
+                          "responses on; set algo.shared_prefix=false with it")
+
+
+def _validate_lora(cfg: Config) -> None:
+    lora = cfg.policy.lora
+    if not isinstance(lora.rank, int) or isinstance(lora.rank, bool) or lora.rank < 1:
+        raise ConfigError(f"policy.lora.rank={lora.rank!r} must be an integer >= 1")
+    _positive("policy.lora.alpha", lora.alpha)
+    if not (isinstance(lora.dropout, (int, float)) and 0 <= lora.dropout < 1):
+        raise ConfigError(f"policy.lora.dropout={lora.dropout!r} must be in [0, 1)")
+    tm = lora.target_modules
+    if not (isinstance(tm, str) and tm) and not (isinstance(tm, list) and tm and all(isinstance(x, str) for x in tm)):
+        raise ConfigError(f"policy.lora.target_modules={tm!r} must be 'all-linear' or a list of module names")

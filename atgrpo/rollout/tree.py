@@ -13,13 +13,19 @@ episodes per problem (classic trajectory-level GRPO and the no-tree baselines).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import torch
-
-from ..envs.base import MultiAgentEnv
-from ..policies.causal_lm import CausalLMPolicy
+from ..envs.base import MultiAgentEnv, StepResult
 from .records import EpisodeResult, Sample
+
+if TYPE_CHECKING:  # annotations only: environment workers import this module without torch / transformers
+    import torch
+
+    from ..policies.causal_lm import CausalLMPolicy
+
+# (pre-state envs, K texts per env) -> per env (K stepped children, their K results): see ``step_clones``
+StepEnvs = Callable[[Sequence[MultiAgentEnv], Sequence[Sequence[str]]],
+                    list[tuple[list[MultiAgentEnv], list[StepResult]]]]
 
 
 def _policy_for(agent: str, agent_to_policy: dict[str, str], policies: dict[str, CausalLMPolicy]) -> CausalLMPolicy:
@@ -30,32 +36,46 @@ def _policy_for(agent: str, agent_to_policy: dict[str, str], policies: dict[str,
 
 def tree_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, CausalLMPolicy], agent_to_policy: dict[str, str],
                  K: int, temperature: float, max_new_tokens: int, alpha: float,
-                 generator: torch.Generator | None = None) -> tuple[list[Sample], list[EpisodeResult]]:
+                 generator: torch.Generator | None = None, step_envs: StepEnvs | None = None
+                 ) -> tuple[list[Sample], list[EpisodeResult]]:
     """Tree-sample one episode per env (each already reset to its problem; the envs are not mutated).
-    Returns all K-per-node samples and one EpisodeResult per problem (its kept trajectory)."""
-    samples, episodes, _ = _run(envs, policies, agent_to_policy, K, temperature, max_new_tokens, alpha, generator)
+    Returns all K-per-node samples and one EpisodeResult per problem (its kept trajectory). ``step_envs``:
+    where the candidates are stepped (default ``step_clones``: here; the Ray backend: environment workers)."""
+    samples, episodes, _ = _run(envs, policies, agent_to_policy, K, temperature, max_new_tokens, alpha, generator,
+                                step_envs)
     return samples, episodes
 
 
 def trajectory_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, CausalLMPolicy],
                        agent_to_policy: dict[str, str], K: int, temperature: float, max_new_tokens: int,
-                       alpha: float, generator: torch.Generator | None = None
+                       alpha: float, generator: torch.Generator | None = None, step_envs: StepEnvs | None = None
                        ) -> tuple[list[Sample], list[EpisodeResult]]:
     """K independent episodes per env (no tree). ``Sample.branch`` is the trajectory index and
     ``Sample.episode_return`` the summed reward of its trajectory over all agents. Episodes: P*K, in order
     problem-major."""
     copies = [e.clone() for e in envs for _ in range(K)]
     samples, episodes, origin = _run(copies, policies, agent_to_policy, 1, temperature, max_new_tokens, alpha,
-                                     generator)
+                                     generator, step_envs)
     for s, j in zip(samples, origin):
         s.branch = j % K
         s.episode_return = sum(episodes[j].returns.values())
     return samples, episodes
 
 
-def _run(envs, policies, agent_to_policy, K, temperature, max_new_tokens, alpha, generator):
+def step_clones(envs: Sequence[MultiAgentEnv], texts: Sequence[Sequence[str]]
+                ) -> list[tuple[list[MultiAgentEnv], list[StepResult]]]:
+    """Candidate k of ``envs[i]`` is ``texts[i][k]``, stepped on its own clone of ``envs[i]`` (which is not
+    mutated). Returns per env ``(children, results)``; the Ray backend runs the same on environment workers."""
+    out = []
+    for env, ts in zip(envs, texts):
+        children = [env.clone() for _ in ts]
+        out.append((children, [child.step(t) for child, t in zip(children, ts)]))
+    return out
+
+
+def _run(envs, policies, agent_to_policy, K, temperature, max_new_tokens, alpha, generator, step_envs=None):
     """The node loop shared by both rollouts; also returns, per sample, the index of the env it came from."""
-    envs = list(envs)
+    envs, step_envs = list(envs), step_envs or step_clones
     samples: list[Sample] = []
     origin: list[int] = []
     transcripts: list[list[dict]] = [[] for _ in envs]
@@ -70,9 +90,8 @@ def _run(envs, policies, agent_to_policy, K, temperature, max_new_tokens, alpha,
         prompts = [policy.render(envs[i].observe()) for i in active]
         prompt_ids = [policy.encode(p) for p in prompts]
         completions = policy.generate(prompt_ids, K, temperature, max_new_tokens, generator)
-        for i, prompt, pids, comps in zip(active, prompts, prompt_ids, completions):
-            children = [envs[i].clone() for _ in range(K)]  # each candidate on its own copy of the pre-state
-            results = [child.step(c.text) for child, c in zip(children, comps)]
+        stepped = step_envs([envs[i] for i in active], [[c.text for c in comps] for comps in completions])
+        for i, prompt, pids, comps, (children, results) in zip(active, prompts, prompt_ids, completions, stepped):
             totals = [r.reward.total(alpha) for r in results]
             best = max(range(K), key=lambda k: (totals[k], -k))
             for k, (c, r) in enumerate(zip(comps, results)):

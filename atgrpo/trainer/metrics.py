@@ -9,19 +9,28 @@ from typing import Any
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str, tensorboard: bool = True):
+    """Appends one JSON row per ``log`` to metrics.jsonl (and TensorBoard). ``rows``: start the file over with
+    these rows (a fresh run: ``[]``; a resumed run: the rows of its checkpoint, which drops the rows logged
+    after it); ``None`` appends to what is there. ``purge_step``: TensorBoard hides events of steps >= it."""
+
+    def __init__(self, run_dir: str, tensorboard: bool = True, rows: list[dict[str, Any]] | None = None,
+                 purge_step: int | None = None):
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        if rows is not None:
+            from .checkpoint import atomic_write_text
+
+            atomic_write_text(self.path, "".join(_line(r) for r in rows))
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"), purge_step=purge_step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **metrics}
         with open(self.path, "a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+            f.write(_line(row))
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -31,6 +40,26 @@ class MetricsLogger:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _line(row: dict[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True) + "\n"
+
+
+def rss_mb() -> float:
+    """Resident memory of this process in MiB (Linux: current VmRSS; elsewhere the peak, from getrusage)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
 
 
 def read_metrics(run_dir: str) -> list[dict[str, Any]]:

@@ -1,7 +1,13 @@
 """The local runner: set up, warm start, evaluate, train for ``train.steps`` steps, evaluate, write outputs.
 
 Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/step_<N>.jsonl, eval_transcripts.jsonl,
-tensorboard/, learning_curves.png, checkpoint/final/<policy>/ (transformers format).
+tensorboard/, learning_curves.png, checkpoint/step_<N>/ (every ``train.checkpoint_every`` steps and at the end:
+what ``--resume`` continues from, see checkpoint.py), checkpoint/final/<policy>/ (transformers format), .lock.
+
+Reliability: one run per directory (a lock held for the run's life); a resumed run continues from its last
+checkpoint and writes the same metrics rows as an uninterrupted one (everything random in a step comes from
+the restored generator and ``problem_seed``); SIGINT / SIGTERM stop between steps after a checkpoint; a run
+stops with ``NonFiniteError`` after ``train.max_nonfinite`` skipped non-finite updates.
 """
 
 from __future__ import annotations
@@ -10,19 +16,39 @@ import copy
 import json
 import os
 import random
+import sys
 import time
 from typing import Any
 
 import torch
 import yaml
 
-from ..config import Config
+from ..config import Config, ConfigError, load_config
+from .checkpoint import (CHECKPOINT_DIR, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock, StopOnSignal,
+                         atomic_write_text, latest_checkpoint, load_checkpoint, load_references, remove_leftovers,
+                         save_checkpoint, save_policies, save_references, write_dir_atomically)
 from .evaluate import evaluate
-from .metrics import MetricsLogger, plot_curves, step_line
+from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
 from .setup import agent_to_policy, build_policies, env_factory
 from .step import TrainState, train_step
 from .update import make_optimizer
 from .warmstart import warm_start
+
+__all__ = ["train", "build_state", "run_eval", "save_policies", "load_policies", "evaluate_target",
+           "load_resume_config", "NonFiniteError", "TrainingInterrupted", "RunError", "RunDirInUse", "ResumeError"]
+
+
+class NonFiniteError(RunError):
+    """Too many updates were skipped for a non-finite loss or gradient (``train.max_nonfinite``)."""
+
+
+class TrainingInterrupted(Exception):
+    """The run stopped on SIGINT / SIGTERM after writing a checkpoint; ``atgrpo train --resume`` continues it."""
+
+    def __init__(self, step: int, checkpoint: str, run_dir: str):
+        super().__init__(f"stopped after step {step}; checkpoint {checkpoint}; continue with: "
+                         f"atgrpo train --resume {run_dir}")
+        self.step, self.checkpoint, self.run_dir = step, checkpoint, run_dir
 
 
 def seed_everything(seed: int) -> None:
@@ -46,105 +72,200 @@ def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
                     cfg.rollout.max_new_tokens, cfg.algo.alpha, seed)
 
 
-def save_policies(state: TrainState, path: str) -> None:
-    for pid, policy in state.policies.items():
-        d = os.path.join(path, pid)
-        policy.model.save_pretrained(d)
-        with open(os.path.join(d, "atgrpo_policy.json"), "w") as f:
-            json.dump({"policy": pid, "tokenizer": type(policy.tokenizer).__name__,
-                       "agents": [a for a, p in state.agent_map.items() if p == pid]}, f, indent=1)
+def check_model_path(cfg: Config) -> None:
+    """A missing local model is named before any work starts."""
+    if cfg.model.kind == "hf" and cfg.model.path and not os.path.exists(os.path.expanduser(cfg.model.path)):
+        raise ConfigError(f"model.path={cfg.model.path!r} does not exist (model.kind=hf needs a local Hugging Face "
+                          f"model directory; nothing is downloaded)")
 
 
-def train(cfg: Config, run_dir: str, progress: bool = True) -> dict[str, Any]:
-    """Run a whole training; returns the summary (also written to summary.json)."""
+
+def load_resume_config(run_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config of the run in ``run_dir``; only ``train.steps=N`` may be overridden (to extend the run)."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise ConfigError(f"cannot resume {run_dir!r}: not a run directory (no config.yaml)")
+    for item in overrides:
+        if item.split("=", 1)[0].strip() != "train.steps":
+            raise ConfigError(f"a resumed run keeps its config ({path}); only train.steps=N may be given (to "
+                              f"extend the run), not {item!r}")
+    return load_config(path, overrides)
+
+
+def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
+    """Run a whole training (``resume``: continue the run in ``run_dir`` from its last checkpoint); returns the
+    summary (also written to summary.json). Raises ``RunDirInUse`` when another run holds ``run_dir``,
+    ``TrainingInterrupted`` after a stop signal, ``NonFiniteError`` after too many non-finite updates."""
+    check_model_path(cfg)
+    with RunLock(run_dir) as lock, StopOnSignal() as stop:
+        if lock.previous_owner and progress:
+            print(f"atgrpo: took over the lock of a dead run (pid {lock.previous_owner}) in {run_dir}")
+        return _train(cfg, run_dir, progress, resume, stop)
+
+
+def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal) -> dict[str, Any]:
     start = time.time()
-    os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
-    state = build_state(cfg)
     say = print if progress else (lambda *a, **k: None)
+    ckpt: Checkpoint | None = None
+    if resume:
+        remove_leftovers(run_dir)
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None and ckpt.step > cfg.train.steps:
+            raise ResumeError(f"train.steps={cfg.train.steps} is below the step of the last checkpoint "
+                              f"({ckpt.step}, {ckpt.path})")
+        done = _finished_summary(run_dir)
+        if ckpt is not None and done is not None and done.get("steps") == ckpt.step == cfg.train.steps:
+            say(f"atgrpo: {run_dir} already finished at step {ckpt.step}; pass train.steps=N to extend it")
+            return done
+    elif os.path.exists(os.path.join(run_dir, "metrics.jsonl")) or os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR)):
+        raise RunError(f"{run_dir} already holds a run; continue it with `atgrpo train --resume {run_dir}` "
+                       f"or choose another --out")
+    os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
+    atomic_write_text(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    state = build_state(cfg)
     n_params = {pid: p.num_parameters() for pid, p in state.policies.items()}
     say(f"atgrpo: env={cfg.env.name} sharing={cfg.policy.sharing} agents->policies={state.agent_map} "
         f"params={n_params} run_dir={run_dir}")
-    logger = MetricsLogger(run_dir, cfg.train.tensorboard)
     summary: dict[str, Any] = {"run_dir": run_dir, "steps": cfg.train.steps, "agent_to_policy": state.agent_map}
 
-    if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
-        t = time.time()
-        losses = warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
-        summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
-        say(f"warm start done in {time.time() - t:.0f}s; final loss " +
-            ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
-    if cfg.algo.kl_coef > 0:
-        state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
-
-    before, _ = run_eval(state, cfg.seed)
+    if ckpt is not None:  # resume: everything the steps so far produced comes from the checkpoint
+        prog = load_checkpoint(ckpt, state)
+        if cfg.algo.kl_coef > 0:
+            state.references = load_references(run_dir, state)
+        rows, evals, before = prog["rows"], [tuple(e) for e in prog["evals"]], prog["eval_before"]
+        if prog.get("warmstart") is not None:
+            summary["warmstart"] = prog["warmstart"]
+        nonfinite = int(prog.get("nonfinite", 0))
+        summary["resumed_from_step"] = ckpt.step
+        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=rows, purge_step=ckpt.step + 1)
+        say(f"resumed from {ckpt.path} (step {ckpt.step} of {cfg.train.steps})")
+    else:
+        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None)
+        if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
+            t = time.time()
+            losses = warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
+            summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
+            say(f"warm start done in {time.time() - t:.0f}s; final loss " +
+                ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
+        if cfg.algo.kl_coef > 0:
+            state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
+            save_references(run_dir, state)
+        before, _ = run_eval(state, cfg.seed)
+        say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
+        rows, evals, nonfinite = [], [(0, before["success_rate"])], 0
     summary["eval_before"] = before
-    say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
-    evals = [(0, before["success_rate"])]
 
-    dump = set(cfg.train.dump_rollouts) or {1, cfg.train.steps}
-    rows = []
-    for step in range(1, cfg.train.steps + 1):
-        metrics, samples = train_step(state, step)
-        state.step = step
-        if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
-            ev, _ = run_eval(state, cfg.seed)
-            metrics.update({f"eval/{k}": v for k, v in ev.items()})
-            evals.append((step, ev["success_rate"]))
-        logger.log(step, metrics)
-        rows.append({"step": step, **metrics})
-        say(step_line(rows[-1]))
-        if step in dump:
-            with open(os.path.join(run_dir, "rollouts", f"step_{step}.jsonl"), "w") as f:
-                for s in samples:
-                    f.write(json.dumps(s.dump()) + "\n")
+    def checkpoint() -> str:
+        state.backend.pull_state(state)  # Ray: the optimizer states live on the update workers
+        return save_checkpoint(run_dir, state, {
+            "rows": rows, "evals": evals, "eval_before": before, "warmstart_done": True,
+            "warmstart": summary.get("warmstart"), "nonfinite": nonfinite}, cfg.train.keep_checkpoints)
 
-    after, episodes = run_eval(state, cfg.seed)
-    evals.append((cfg.train.steps, after["success_rate"]))
-    logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
-    logger.close()
-    with open(os.path.join(run_dir, "eval_transcripts.jsonl"), "w") as f:
-        for e in episodes[:50]:
-            f.write(json.dumps({"problem": e.problem, "success": e.success, "transcript": e.transcript}) + "\n")
+    if cfg.trainer.backend == "ray":  # workers start after the warm start, which runs in this process
+        from .ray_backend import RayBackend
+
+        state.backend = RayBackend(cfg)
+    try:
+        dump = set(cfg.train.dump_rollouts) or {1, cfg.train.steps}
+        every = cfg.train.checkpoint_every
+        saved = ckpt.step if ckpt is not None else None  # the step of the newest checkpoint on disk
+        for step in range(state.step + 1, cfg.train.steps + 1):
+            if stop.requested:
+                break
+            metrics, samples = train_step(state, step)
+            state.step = step
+            skipped = int(sum(v for k, v in metrics.items() if k.startswith("update/")
+                              and k.endswith("/skipped_nonfinite")))
+            nonfinite += skipped
+            metrics["update/skipped_nonfinite_total"] = float(nonfinite)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
+                ev, _ = run_eval(state, cfg.seed)
+                metrics.update({f"eval/{k}": v for k, v in ev.items()})
+                evals.append((step, ev["success_rate"]))
+            metrics["perf/rss_mb"] = rss_mb()
+            logger.log(step, metrics)
+            rows.append({"step": step, **metrics})
+            say(step_line(rows[-1]))
+            if step in dump:
+                with open(os.path.join(run_dir, "rollouts", f"step_{step}.jsonl"), "w") as f:
+                    for s in samples:
+                        f.write(json.dumps(s.dump()) + "\n")
+            del samples
+            if skipped:
+                print(f"atgrpo: warning: step {step}: {skipped} update(s) skipped for a non-finite loss or gradient "
+                      f"({nonfinite} so far; the run stops at train.max_nonfinite={cfg.train.max_nonfinite})",
+                      file=sys.stderr, flush=True)
+            if nonfinite >= cfg.train.max_nonfinite:
+                last = latest_checkpoint(run_dir)
+                raise NonFiniteError(
+                    f"stopped at step {step}: {nonfinite} updates were skipped for a non-finite loss or gradient "
+                    f"(train.max_nonfinite={cfg.train.max_nonfinite}); last good checkpoint: "
+                    f"{last.path if last else 'none'}. Lower algo.lr, use model.dtype=float32, or raise "
+                    f"train.max_nonfinite")
+            if (every and step % every == 0) or step == cfg.train.steps:
+                checkpoint()
+                saved = step
+        if saved != state.step:  # the end of the run (train.steps=0) or a stop before the next scheduled one
+            checkpoint()
+            saved = state.step
+        if stop.requested:
+            raise TrainingInterrupted(state.step, os.path.join(run_dir, CHECKPOINT_DIR, f"step_{state.step}"),
+                                      run_dir)
+
+        after, episodes = run_eval(state, cfg.seed)
+        evals.append((cfg.train.steps, after["success_rate"]))
+        logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+    finally:
+        logger.close()
+        state.backend.close()
+    atomic_write_text(os.path.join(run_dir, "eval_transcripts.jsonl"), "".join(
+        json.dumps({"problem": e.problem, "success": e.success, "transcript": e.transcript}) + "\n"
+        for e in episodes[:50]))
     summary["eval_after"] = after
     summary["wall_seconds"] = time.time() - start
-    save_policies(state, os.path.join(run_dir, "checkpoint", "final"))
+    write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(state, d))
     if cfg.train.plot and rows:
         summary["plot"] = plot_curves(run_dir, rows, evals)
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
     say(f"eval after: success {after['success_rate']:.3f} (before {before['success_rate']:.3f}); "
         f"{summary['wall_seconds']:.0f}s; outputs in {run_dir}")
     return summary
 
 
+def _finished_summary(run_dir: str) -> dict[str, Any] | None:
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def load_policies(state: TrainState, path: str) -> None:
-    """Load the weights saved by ``save_policies`` into the state's policies (same config)."""
-    from transformers import AutoModelForCausalLM
+    """Load the weights saved by ``save_policies`` into the state's policies (same config): full models, or
+    for L2 each role's adapter (the base model comes from the config)."""
+    from .checkpoint import load_model_weights
 
     for pid, policy in state.policies.items():
         d = os.path.join(path, pid)
         if not os.path.isdir(d):
             raise FileNotFoundError(f"no saved policy {pid!r} at {d}; policies of this config: {sorted(state.policies)}")
-        loaded = AutoModelForCausalLM.from_pretrained(d)
-        policy.model.load_state_dict(loaded.state_dict())
+        load_model_weights(policy.model, d)
 
 
 def evaluate_target(target: str, overrides: list[str], progress: bool = True) -> dict[str, Any]:
     """``atgrpo eval``: a run directory (its config and final checkpoint) or a config file (fresh policies,
     warm-started if the config says so: the no-RL baselines)."""
-    from ..config import ConfigError, load_config
-
     if os.path.isdir(target):
         cfg_path = os.path.join(target, "config.yaml")
         if not os.path.exists(cfg_path):
             raise ConfigError(f"{target} is not a run directory (no config.yaml)")
         cfg = load_config(cfg_path, overrides)
+        check_model_path(cfg)
         state = build_state(cfg)
         load_policies(state, os.path.join(target, "checkpoint", "final"))
     elif os.path.exists(target):
         cfg = load_config(target, overrides)
+        check_model_path(cfg)
         state = build_state(cfg)
         if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
             warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)

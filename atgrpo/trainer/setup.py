@@ -2,6 +2,10 @@
 
 Routing and grouping are separate (REFERENCE section 2): the agent -> policy map decides which policy acts
 for (and is updated on the samples of) each agent; the group key never contains the policy id.
+
+Policies: ``model.kind=tiny`` (the built-in tiny model, byte tokenizer) or ``hf`` (any local Hugging Face causal
+LM, a GGUF file, or a preset: ``policies/hf.py``). L2 builds one base model and one LoRA adapter per role; each
+role's policy sees the shared model through its own adapter (``policies/lora.py``).
 """
 
 from __future__ import annotations
@@ -33,22 +37,52 @@ def env_factory(cfg: Config) -> Callable[[str, int], MultiAgentEnv]:
 
 
 def agent_to_policy(cfg: Config, agents: tuple[str, ...]) -> dict[str, str]:
-    """L0: the single agent's own policy; L1: one 'shared' policy; L3: one policy per role (named by role)."""
+    """L0: the single agent's own policy; L1: one 'shared' policy; L2 (one adapter per role) and L3 (one model
+    per role): one policy per role, named by role."""
     if cfg.policy.sharing in ("L0", "L1"):
         return {a: "shared" for a in agents}
     return {a: a for a in agents}
 
 
 def build_policies(cfg: Config, policy_ids: list[str]) -> dict[str, CausalLMPolicy]:
-    """One independent model (and later optimizer) per policy id, initialised from the run seed."""
-    if cfg.model.kind != "tiny":
-        raise ConfigError("model.kind=hf is not supported yet in this version; use model.kind=tiny")
+    """One policy per policy id: L0/L1/L3 each an independent model (and later optimizer), initialised from
+    the run seed; L2 one LoRA adapter per id on one shared, frozen base model."""
+    ids = sorted(policy_ids)
+    if cfg.policy.sharing == "L2":
+        from ..policies.lora import AdapterView, attach_adapters
+
+        base, tok = _base_model(cfg, 0)
+        shared = attach_adapters(base, ids, cfg.policy.lora, seed=cfg.seed * 1000 + 999)
+        return {pid: _policy(cfg, pid, AdapterView(shared, pid, save_base=cfg.model.kind == "tiny"), tok)
+                for pid in ids}
     policies = {}
-    for n, pid in enumerate(sorted(policy_ids)):
-        model = build_tiny_model(TinyModelConfig(**vars(cfg.model.tiny)), seed=cfg.seed * 1000 + n)
-        policies[pid] = CausalLMPolicy(pid, model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer(),
-                                       cfg.model.device, cfg.model.max_prompt_tokens)
+    for n, pid in enumerate(ids):
+        model, tok = _base_model(cfg, n)
+        policies[pid] = _policy(cfg, pid, model, tok)
     return policies
+
+
+def _base_model(cfg: Config, n: int):
+    """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model."""
+    if cfg.model.kind == "tiny":
+        model = build_tiny_model(TinyModelConfig(**vars(cfg.model.tiny)), seed=cfg.seed * 1000 + n)
+        return model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer()
+    from ..policies.hf import ModelNotFound, load_hf_model
+
+    try:
+        return load_hf_model(cfg.model)
+    except ModelNotFound as e:
+        raise ConfigError(str(e)) from None
+
+
+def _policy(cfg: Config, pid: str, model, tok) -> CausalLMPolicy:
+    """A tiny model on the CPU: the plain policy; otherwise ``HFPolicy`` (chat template variables, sampling
+    on an accelerator with the trainer's CPU generator)."""
+    if cfg.model.kind == "tiny" and cfg.model.device == "cpu":
+        return CausalLMPolicy(pid, model, tok, cfg.model.device, cfg.model.max_prompt_tokens)
+    from ..policies.hf import make_hf_policy
+
+    return make_hf_policy(pid, model, tok, cfg.model)
 
 
 def problem_seed(run_seed: int, step: int, index: int, per_step: int) -> int:

@@ -2,6 +2,8 @@
 
 Strictly on-policy and synchronous (REFERENCE section 2): every policy is updated on the samples it generated
 in this step's rollout, and the next rollout uses the new weights (same objects: no sync needed locally).
+Where the work runs is the backend's business (``state.backend``): ``LocalBackend`` here, in this process;
+``ray_backend.RayBackend`` on Ray actors (docs/ray.md). The step is the same code for both.
 """
 
 from __future__ import annotations
@@ -19,9 +21,34 @@ from ..config import Config
 from ..envs import MultiAgentEnv
 from ..policies.causal_lm import CausalLMPolicy
 from ..rollout.records import EpisodeResult, Sample
-from ..rollout.tree import trajectory_rollout, tree_rollout
+from ..rollout.tree import step_clones, trajectory_rollout, tree_rollout
 from .setup import problem_seed
 from .update import update_policy
+
+
+class LocalBackend:
+    """Everything in this process: the policies generate and train here, the environments step here."""
+
+    def rollout_policies(self, state: "TrainState") -> dict[str, CausalLMPolicy]:
+        return state.policies
+
+    def step_envs(self, envs, texts):
+        return step_clones(envs, texts)
+
+    def update(self, state: "TrainState", batches: dict[str, list[Sample]]) -> dict[str, Any]:
+        cfg = state.cfg
+        return {pid: update_policy(state.policies[pid], state.optimizers[pid], batch, cfg.algo,
+                                   cfg.rollout.temperature, state.generator, state.references.get(pid))
+                for pid, batch in batches.items()}
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def pull_state(self, state: "TrainState") -> None:  # before a checkpoint: the state is already here
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -34,6 +61,7 @@ class TrainState:
     generator: torch.Generator  # all sampling and shuffling randomness of the loop
     references: dict[str, CausalLMPolicy] = field(default_factory=dict)  # frozen, for the KL penalty
     step: int = 0
+    backend: Any = field(default_factory=LocalBackend)  # where rollout, env steps and updates run
 
 
 def rollout(state: TrainState, step: int) -> tuple[list[Sample], list[EpisodeResult]]:
@@ -41,8 +69,8 @@ def rollout(state: TrainState, step: int) -> tuple[list[Sample], list[EpisodeRes
     P = cfg.rollout.problems_per_step
     envs = [state.make_env("train", problem_seed(cfg.seed, step, i, P)) for i in range(P)]
     run = tree_rollout if cfg.rollout.mode == "tree" else trajectory_rollout
-    return run(envs, state.policies, state.agent_map, cfg.rollout.K, cfg.rollout.temperature,
-               cfg.rollout.max_new_tokens, cfg.algo.alpha, state.generator)
+    return run(envs, state.backend.rollout_policies(state), state.agent_map, cfg.rollout.K, cfg.rollout.temperature,
+               cfg.rollout.max_new_tokens, cfg.algo.alpha, state.generator, step_envs=state.backend.step_envs)
 
 
 def assign_advantages(cfg: Config, samples: list[Sample]) -> dict[str, float]:
@@ -77,17 +105,16 @@ def train_step(state: TrainState, step: int) -> tuple[dict[str, Any], list[Sampl
 
     t = time.perf_counter()
     tokens = 0
-    for pid, policy in state.policies.items():
-        batch = [s for s in samples if s.policy == pid
-                 and not (cfg.algo.filter_zero_variance and s.info["zero_variance"])]
-        upd = update_policy(policy, state.optimizers[pid], batch, cfg.algo, cfg.rollout.temperature,
-                            state.generator, state.references.get(pid))
+    batches = {pid: [s for s in samples if s.policy == pid
+                     and not (cfg.algo.filter_zero_variance and s.info["zero_variance"])] for pid in state.policies}
+    for pid, upd in state.backend.update(state, batches).items():
         tokens += upd.tokens
         for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "samples", "optimizer_steps", "skipped_nonfinite"):
             metrics[f"update/{pid}/{k}"] = float(getattr(upd, k))
     timings["time/update"] = time.perf_counter() - t
 
     metrics.update(rollout_metrics(samples, episodes))
+    metrics.update(state.backend.step_metrics())
     pids = list(state.policies)
     for k in ("loss", "clipfrac", "approx_kl"):  # sample-weighted over policies
         w = [metrics[f"update/{p}/samples"] for p in pids]

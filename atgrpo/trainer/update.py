@@ -2,7 +2,9 @@
 
 Old log-probs are the ones recorded at sampling time (same model, same temperature: the ratio starts at 1 up
 to float noise). Gradient accumulation over micro-batches uses the mini-batch's total token (or sequence)
-count as normaliser, so it equals one pass over the mini-batch.
+count as normaliser, so it equals one pass over the mini-batch. With ``algo.shared_prefix`` (the default) each
+distinct prompt of a micro-batch runs forward once and its responses run on its KV cache
+(``policies/shared_prefix.py``): the same log-probs and gradients as one sequence per sample, less compute.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from ..algorithms.losses import policy_loss
 from ..config import AlgoConfig
 from ..policies.causal_lm import CausalLMPolicy
+from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
 from ..rollout.records import Sample
 
 
@@ -35,6 +38,22 @@ def make_optimizer(policy: CausalLMPolicy, algo: AlgoConfig) -> torch.optim.Opti
     return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999))
 
 
+def micro_batches(mb: list[Sample], algo: AlgoConfig) -> list[list[Sample]]:
+    """The forward/backward passes of one mini-batch: with ``algo.shared_prefix``, whole prompt groups packed
+    under ``algo.update_token_budget`` padded tokens (and ``micro_batch_size`` sequences); else plain slices."""
+    if not algo.shared_prefix:
+        return [mb[i:i + algo.micro_batch_size] for i in range(0, len(mb), algo.micro_batch_size)]
+    plan = plan_chunks([s.prompt_ids for s in mb], [s.response_ids for s in mb], algo.update_token_budget,
+                       algo.micro_batch_size)
+    return [[mb[i] for i in chunk] for chunk in plan]
+
+
+def score(policy: CausalLMPolicy, micro: list[Sample], temperature: float, algo: AlgoConfig):
+    """``logp, mask  # (B, T)`` of the micro-batch's responses, shared-prefix or one sequence per sample."""
+    fn = (lambda *a: shared_prefix_logprobs(policy, *a)) if algo.shared_prefix else policy.response_logprobs
+    return fn([s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature)
+
+
 def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samples: list[Sample],
                   algo: AlgoConfig, temperature: float, generator: torch.Generator,
                   reference: CausalLMPolicy | None = None) -> UpdateStats:
@@ -53,10 +72,8 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
         normalizer = float(tokens) if algo.aggregation == "token-mean" else float(len(mb))
         optimizer.zero_grad(set_to_none=True)
         mb_loss = 0.0
-        for start in range(0, len(mb), algo.micro_batch_size):
-            micro = mb[start:start + algo.micro_batch_size]
-            logp, mask = policy.response_logprobs([s.prompt_ids for s in micro], [s.response_ids for s in micro],
-                                                  temperature)
+        for micro in micro_batches(mb, algo):
+            logp, mask = score(policy, micro, temperature, algo)
             old = torch.zeros_like(logp)
             for i, s in enumerate(micro):
                 old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
@@ -66,8 +83,7 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
                 if reference is None:
                     raise ValueError("algo.kl_coef > 0 needs a frozen reference policy")
                 with torch.no_grad():
-                    ref_logp, _ = reference.response_logprobs([s.prompt_ids for s in micro],
-                                                              [s.response_ids for s in micro], temperature)
+                    ref_logp, _ = score(reference, micro, temperature, algo)
             loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
                                    aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
                                    ref_logp=ref_logp, kl_estimator=algo.kl_estimator)

@@ -1,0 +1,91 @@
+"""Arguments and dispatch of ``atgrpo bench`` (kept free of heavy imports until a benchmark runs)."""
+
+from __future__ import annotations
+
+import argparse
+
+BENCHES = ("rollout", "update", "step", "all", "learning")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", choices=BENCHES, help="which benchmark ('all': the three, one after the other)")
+    p.add_argument("--preset", choices=("issue", "quickstart"), default="issue",
+                   help="shape: issue = 8 prompts x 200 tokens; quickstart = 16 prompts x 60-80 tokens "
+                        "(both K=8, 16 new tokens)")
+    p.add_argument("--prompts", type=int, help="distinct prompts (overrides the preset)")
+    p.add_argument("--prompt-len", help="prompt tokens, N or LO-HI (overrides the preset)")
+    p.add_argument("-K", type=int, help="responses per prompt (overrides the preset)")
+    p.add_argument("--new-tokens", type=int, help="tokens per response (overrides the preset)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per method (median reported)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed repetitions first")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own; 1 is steadier on a busy machine)")
+    p.add_argument("--hidden-size", type=int, help="tiny model width (default: TinyModelConfig)")
+    p.add_argument("--num-layers", type=int, help="tiny model depth (default: TinyModelConfig)")
+    p.add_argument("--no-trl", action="store_true", help="step: time atgrpo only")
+    p.add_argument("--tag", help="file name suffix (default: the preset name)")
+    p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
+    p.add_argument("--quick", action="store_true", help="learning: the smoke-test size (1 seed, 2 steps)")
+    p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku")
+    p.add_argument("--seeds", type=int, help="learning: seeds per cell (default 3; --quick: 1)")
+
+
+def command_line(args) -> str:
+    """The canonical command that reproduces this run."""
+    parts = ["atgrpo", "bench", args.which, "--preset", args.preset]
+    for flag in ("prompts", "prompt_len", "K", "new_tokens", "reps", "warmup", "seed", "threads", "hidden_size",
+                 "num_layers", "tag", "out"):
+        v = getattr(args, flag)
+        if v is not None:
+            parts += [("-K" if flag == "K" else "--" + flag.replace("_", "-")), str(v)]
+    return " ".join(parts + (["--no-trl"] if args.no_trl else []))
+
+
+def run(args) -> int:
+    if args.which == "learning":
+        from .learning import run_learning_bench
+
+        out = args.out if args.out != "bench_out" else "bench_out/learning"
+        run_learning_bench(out, "quick" if args.quick else "default",
+                           args.tasks.split(",") if args.tasks else None, args.seeds)
+        with open(f"{out}/results.md") as f:
+            print(f.read())
+        return 0
+    import torch
+
+    from ..policies import TinyModelConfig
+    from .common import PRESETS, Shape
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    kw = dict(PRESETS[args.preset])
+    if args.prompts:
+        kw["prompts"] = args.prompts
+    if args.prompt_len:
+        lo, _, hi = args.prompt_len.partition("-")
+        kw["prompt_len"] = (int(lo), int(hi or lo))
+    for key in ("K", "new_tokens"):
+        if getattr(args, key):
+            kw[key] = getattr(args, key)
+    tiny = TinyModelConfig()
+    if args.hidden_size:
+        tiny.hidden_size = args.hidden_size
+    if args.num_layers:
+        tiny.num_layers = args.num_layers
+    shape = Shape(reps=args.reps, warmup=args.warmup, seed=args.seed, tiny=tiny, **kw)
+    tag = args.tag or args.preset
+    cmd = command_line(args)
+    which = ("rollout", "update", "step") if args.which == "all" else (args.which,)
+    for name in which:
+        if name == "rollout":
+            from .rollout import bench_rollout
+            bench_rollout(shape, args.out, f"rollout_{tag}", cmd)
+        elif name == "update":
+            from .update import bench_update
+            bench_update(shape, args.out, f"update_{tag}", cmd)
+        else:
+            from .step import bench_step
+            bench_step(shape, args.out, f"step_{tag}", cmd, with_trl=not args.no_trl)
+        with open(f"{args.out}/{name}_{tag}.md") as f:
+            print(f.read())
+    return 0

@@ -1,0 +1,150 @@
+"""What every benchmark shares: shapes, prompts, the model, interleaved timing, the machine, the report files.
+
+Methods are timed side by side in one process: each repetition runs every method once, in an order that
+rotates between repetitions (so no method always runs first or last), and the report gives medians. Other
+processes on the machine slow all methods alike within a repetition; the median over repetitions damps the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
+from ..policies.tokenizer import EOS, VOCAB_SIZE
+
+PRESETS = {  # the issue's target shape, and the quickstart's (Plan-Path compact prompts are ~60-80 tokens)
+    "issue": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
+    "quickstart": dict(prompts=16, prompt_len=(60, 80), K=8, new_tokens=16),
+}
+
+
+@dataclass
+class Shape:
+    prompts: int = 8  # distinct prompts (problems)
+    prompt_len: tuple[int, int] = (200, 200)  # prompt tokens, drawn uniformly in [lo, hi] (BOS included)
+    K: int = 8  # responses per prompt
+    new_tokens: int = 16  # response tokens (EOS is suppressed, so every response has exactly this many)
+    reps: int = 5
+    warmup: int = 1
+    seed: int = 0
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+    @property
+    def response_tokens(self) -> int:
+        return self.prompts * self.K * self.new_tokens
+
+
+def prompt_texts(shape: Shape, count: int | None = None) -> list[str]:
+    """Seeded random lowercase prompts; with the byte tokenizer each is (length - 1) bytes + BOS."""
+    g = torch.Generator().manual_seed(shape.seed)
+    lo, hi = shape.prompt_len
+    out = []
+    for _ in range(count or shape.prompts):
+        n = int(torch.randint(lo, hi + 1, (1,), generator=g)) - 1
+        out.append("".join(chr(97 + int(c)) for c in torch.randint(0, 26, (n,), generator=g)))
+    return out
+
+
+def make_policy(shape: Shape, policy_id: str = "bench") -> CausalLMPolicy:
+    """The tiny policy (seed 0 weights; every method and copy starts from the same ones)."""
+    return CausalLMPolicy(policy_id, build_tiny_model(shape.tiny, 0), ByteTokenizer(), max_prompt_tokens=4096)
+
+
+def suppress_eos(model, bias: float = -1e4):
+    """Add ``bias`` to the EOS logit of every forward (a hook on ``lm_head``), so all samplers produce exactly
+    max_new_tokens tokens. Finite, so entropies stay finite. Returns the hook handle (``.remove()``)."""
+    vec = torch.zeros(VOCAB_SIZE)
+    vec[EOS] = bias
+    return model.lm_head.register_forward_hook(lambda mod, inp, out: out + vec.to(out.dtype).to(out.device))
+
+
+def interleaved(methods: dict[str, Callable[[], object]], reps: int, warmup: int) -> dict[str, list[float]]:
+    """Seconds per call of each method; every repetition runs all methods, order rotated; warm-ups dropped."""
+    names = list(methods)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + reps):
+        shift = r % len(names)
+        for n in names[shift:] + names[:shift]:
+            t = time.perf_counter()
+            methods[n]()
+            if r >= warmup:
+                times[n].append(time.perf_counter() - t)
+    return times
+
+
+def summarize(times: list[float], tokens: int) -> dict:
+    med = statistics.median(times)
+    return {"median_s": med, "times_s": [round(t, 5) for t in times], "tokens": tokens,
+            "tokens_per_s": tokens / med}
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import transformers
+
+    try:
+        import trl
+        trl_v = trl.__version__
+    except ImportError:
+        trl_v = None
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"nproc": os.cpu_count(), "cpu_model": cpu, "torch_threads": torch.get_num_threads(),
+            "loadavg_1m_at_start": load, "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "trl": trl_v}
+
+
+def matmul_peak_flops(n: int = 2048, reps: int = 5) -> float:
+    """The machine's measured float32 matmul throughput (FLOP/s): the best of ``reps`` n x n x n products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)
+    best = 0.0
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        best = max(best, 2 * n**3 / (time.perf_counter() - t))
+    return best
+
+
+def shape_dict(shape: Shape) -> dict:
+    d = asdict(shape)
+    d["prompt_len"] = list(shape.prompt_len)
+    return d
+
+
+def write_report(out_dir: str, name: str, result: dict, rows: list[tuple], header: tuple, notes: list[str]) -> str:
+    """``<out>/<name>.json`` (everything) and ``<out>/<name>.md`` (a table and notes). Returns the md text."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    sh = result["shape"]
+    m = result["machine"]
+    lines = [f"## {name}", "",
+             f"{sh['prompts']} prompts x {sh['prompt_len'][0]}-{sh['prompt_len'][1]} tokens, K={sh['K']}, "
+             f"{sh['new_tokens']} new tokens, median of {sh['reps']} interleaved reps; "
+             f"{m['nproc']} x {m['cpu_model']}, torch {m['torch']}, {m['torch_threads']} threads", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(x) for x in row) + " |" for row in rows]
+    lines += [""] + [f"- {n}" for n in notes] + [""]
+    text = "\n".join(lines)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+    return str(x)

@@ -1,0 +1,304 @@
+"""The Ray backend (``trainer.backend=ray``): the same train step as the local backend, its work placed on actors.
+
+Placement (REFERENCE section 4; docs/ray.md):
+- one resource pool (a placement group) per policy, holding its rollout worker(s) and update worker(s);
+- a pool of CPU environment workers that step the K candidate clones of each node (and run sandboxed code);
+- the driver runs ``step.train_step`` unchanged: it renders prompts, draws every random number from the run's
+  generator (generator state travels with each ``generate`` call and comes back advanced), groups and computes
+  advantages, routes each sample to its policy's pool by ``Sample.policy``, and keeps an up-to-date copy of
+  every policy (for evaluation and checkpoints).
+
+Per step: the rollout calls ``generate`` on the acting policy's rollout worker and ``step_envs`` on the
+environment workers; ``update`` issues every policy's update on its update workers before waiting on any (the
+policies train concurrently), then syncs each policy's trainable weights (for LoRA: the adapter) from its rank 0
+to its rollout workers (through the object store) and to the driver, so the next rollout is on-policy.
+
+With one rollout worker per policy the run draws the same random numbers as the local backend, so the rewards
+are identical and the losses equal up to float summation order (tests/test_ray_backend.py). With several, each
+rollout worker samples its share of the prompts from a seed drawn from the run's generator.
+
+Faults: an environment worker that dies (``RayActorError``) is replaced and its work resubmitted, up to
+``trainer.ray.env_retries`` times per task, then the step fails loudly. A dead rollout or update worker fails
+the step (a data-parallel group cannot lose a rank). Samples sent to update workers and samples trained are
+counted; any difference is logged as ``ray/dropped_samples`` (and is 0 unless something is wrong).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..rollout.records import Sample
+from ..rollout.tree import step_clones
+
+if TYPE_CHECKING:  # this module's top level stays free of torch: environment workers start in a second
+    from ..config import Config
+    from .update import UpdateStats
+
+READY_TIMEOUT_S = 300.0  # actors import torch and build a model: minutes on a loaded machine
+
+
+@dataclass
+class Pool:
+    """One policy's resources: its placement group, rollout workers and update workers (rank order)."""
+    pg: Any
+    rollout: list = field(default_factory=list)
+    update: list = field(default_factory=list)
+
+
+def split_even(items: list, n: int) -> list[list]:
+    """``items`` in ``n`` contiguous, nearly equal parts (some empty when there are fewer items than parts)."""
+    q, r = divmod(len(items), n)
+    out, start = [], 0
+    for i in range(n):
+        end = start + q + (i < r)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def _plain(resources: dict) -> dict:
+    """CPU / GPU of a Ray resource dict, without the per-placement-group entries."""
+    return {k: v for k, v in resources.items() if k in ("CPU", "GPU")}
+
+
+class EnvWorker:
+    """Steps the candidate clones of environments (and so runs their sandboxed code) off the driver: the
+    local backend's ``step_clones`` in another process. (A plain class: ``RayBackend`` makes it an actor.)"""
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def step(self, envs, texts):
+        return step_clones(envs, texts)
+
+
+class RayBackend:
+    """Rollout, update and environment workers on Ray. Joins the running Ray instance if there is one
+    (``ray.init`` already called), else connects to ``trainer.ray.address`` or starts a local cluster."""
+
+    def __init__(self, cfg: Config):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from . import ray_workers as rw
+        from .setup import agent_to_policy, env_factory
+
+        self.cfg, r = cfg, cfg.trainer.ray
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            if r.address:
+                ray.init(address=r.address)
+            else:
+                ray.init(num_cpus=r.num_cpus, include_dashboard=False)
+        self.policy_ids = sorted(set(agent_to_policy(cfg, env_factory(cfg)("train", 0).agents).values()))
+        need = (len(self.policy_ids) * (r.num_rollout_workers + r.num_update_workers) * r.cpus_per_worker
+                + r.num_env_workers * r.cpus_per_env_worker)
+        have = ray.cluster_resources().get("CPU", 0.0)
+        if self._owns_ray and not r.address and need > have:  # a local cluster never grows: say so now
+            ray.shutdown()
+            raise RuntimeError(
+                f"the Ray workers need {need:g} CPUs ({len(self.policy_ids)} policies x "
+                f"{r.num_rollout_workers + r.num_update_workers} workers x trainer.ray.cpus_per_worker="
+                f"{r.cpus_per_worker:g} + {r.num_env_workers} x trainer.ray.cpus_per_env_worker="
+                f"{r.cpus_per_env_worker:g}); the local cluster has {have:g}. Lower those, or set "
+                f"trainer.ray.num_cpus={math.ceil(need)} (logical CPUs: more than the cores oversubscribes them)")
+        bundle = {"CPU": r.cpus_per_worker, **({"GPU": r.gpus_per_worker} if r.gpus_per_worker > 0 else {})}
+        self.pools: dict[str, Pool] = {}
+        for pid in self.policy_ids:
+            pg = placement_group([dict(bundle)] * (r.num_rollout_workers + r.num_update_workers), strategy="PACK")
+            pool = self.pools[pid] = Pool(pg)
+            for i in range(r.num_rollout_workers + r.num_update_workers):
+                opts = dict(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
+                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
+                if i < r.num_rollout_workers:
+                    pool.rollout.append(rw.RolloutWorker.options(**opts).remote(cfg, pid, self.policy_ids))
+                else:
+                    rank = i - r.num_rollout_workers
+                    pool.update.append(rw.UpdateWorker.options(**opts).remote(
+                        cfg, pid, self.policy_ids, rank, r.num_update_workers))
+        self._env_actor = ray.remote(EnvWorker)
+        self.env_workers = [self._new_env_worker() for _ in range(r.num_env_workers)]
+        self._state = None  # the TrainState whose weights the workers hold
+        self._started = False
+        self.counters: dict[str, float] = {}
+        self._reset_counters()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    def _new_env_worker(self):
+        return self._env_actor.options(num_cpus=self.cfg.trainer.ray.cpus_per_env_worker).remote()
+
+    def _start(self) -> None:
+        """Wait until every placement group and actor is up; form each policy's process group."""
+        import ray
+
+        for pid, pool in self.pools.items():
+            if not pool.pg.wait(timeout_seconds=READY_TIMEOUT_S):
+                r = self.cfg.trainer.ray
+                n = r.num_rollout_workers + r.num_update_workers
+                raise RuntimeError(
+                    f"Ray could not place policy {pid!r} in {READY_TIMEOUT_S:.0f}s: its pool needs {n} bundles of "
+                    f"{r.cpus_per_worker} CPU / {r.gpus_per_worker} GPU; the cluster has "
+                    f"{_plain(ray.cluster_resources())} in all, {_plain(ray.available_resources())} free. Lower "
+                    f"trainer.ray.cpus_per_worker or the worker counts, or add resources (trainer.ray.num_cpus "
+                    f"for a local cluster)")
+        everyone = [w for p in self.pools.values() for w in p.rollout + p.update] + self.env_workers
+        ray.get([w.ready.remote() for w in everyone], timeout=READY_TIMEOUT_S)
+        groups = []
+        for pool in self.pools.values():
+            addr, port = ray.get(pool.update[0].rendezvous.remote())
+            groups += [w.init_group.remote(addr, port) for w in pool.update]
+        ray.get(groups, timeout=READY_TIMEOUT_S)
+        self._started = True
+
+    def attach(self, state) -> None:
+        """Give every worker the driver's weights, optimizer states and KL references (at the first step, or
+        after the driver changed them: warm start, resume, a new TrainState)."""
+        import ray
+
+        from .ray_workers import trainable_state
+
+        if not self._started:
+            self._start()
+        t, refs = time.perf_counter(), []
+        for pid, pool in self.pools.items():
+            w = ray.put(trainable_state(state.policies[pid].model))
+            opt = ray.put(state.optimizers[pid].state_dict())
+            ref = state.references.get(pid)
+            ref = ray.put(trainable_state(ref.model)) if ref is not None else None
+            refs += [u.load.remote(w, opt, ref) for u in pool.update] + [r.load.remote(w) for r in pool.rollout]
+        ray.get(refs)
+        self._state = state
+        self.counters["time/ray_attach"] += time.perf_counter() - t
+
+    def invalidate(self) -> None:
+        """The driver's weights changed outside a train step: resend them before the next one."""
+        self._state = None
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in [w for p in self.pools.values() for w in p.rollout + p.update] + self.env_workers:
+            ray.kill(w)
+        for pool in self.pools.values():
+            remove_placement_group(pool.pg)
+        self.pools, self.env_workers = {}, []
+        if self._owns_ray:
+            ray.shutdown()
+
+    # ---- the train step's three calls ---------------------------------------------------------------------
+    def rollout_policies(self, state) -> dict:
+        """The driver's policies with ``generate`` on their rollout workers (``ray_workers.RemotePolicy``)."""
+        from .ray_workers import RemotePolicy
+
+        if self._state is not state:
+            self.attach(state)
+        return {pid: RemotePolicy(state.policies[pid], self.pools[pid].rollout) for pid in self.policy_ids}
+
+    def step_envs(self, envs: Sequence, texts: Sequence[Sequence[str]]) -> list:
+        """``rollout.tree.step_clones`` on the environment workers, one contiguous share of the problems each;
+        a share whose worker died is resubmitted to a fresh worker."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        shares = [s for s in split_even(list(range(len(envs))), len(self.env_workers)) if s]
+        out: list = [None] * len(envs)
+        pending: dict = {}
+
+        def submit(j: int, attempt: int) -> None:
+            worker = self.env_workers[j]
+            ref = worker.step.remote([envs[i] for i in shares[j]], [texts[i] for i in shares[j]])
+            pending[ref] = (j, attempt, worker)
+
+        for j in range(len(shares)):
+            submit(j, 0)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            j, attempt, worker = pending.pop(ready[0])
+            try:
+                results = ray.get(ready[0])
+            except RayActorError as e:
+                if self.env_workers[j] is worker:  # replace it (once, however many of its tasks failed)
+                    ray.kill(worker)
+                    self.env_workers[j] = self._new_env_worker()
+                    self.counters["ray/env_worker_restarts"] += 1
+                if attempt >= self.cfg.trainer.ray.env_retries:
+                    raise RuntimeError(f"environment work failed {attempt + 1} times (its worker died each time); "
+                                       f"trainer.ray.env_retries={self.cfg.trainer.ray.env_retries}") from e
+                self.counters["ray/env_retries"] += 1
+                submit(j, attempt + 1)
+                continue
+            for i, res in zip(shares[j], results):
+                out[i] = res
+        return out
+
+    def update(self, state, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
+        """Every policy's update on its own update workers, concurrently; then weight sync."""
+        import ray
+        import torch
+
+        from .ray_workers import shard_minibatch
+        from .update import UpdateStats
+
+        algo, temp = self.cfg.algo, self.cfg.rollout.temperature
+        calls, sent, stats = {}, {}, {}
+        for pid, batch in batches.items():  # issue all, in policy order (the generator's order), then wait
+            if not batch:
+                stats[pid] = UpdateStats()
+                continue
+            order = torch.randperm(len(batch), generator=state.generator).tolist()  # as update_policy draws it
+            n_mb = min(algo.minibatches, len(batch))
+            mbs = [[batch[i] for i in order[m::n_mb]] for m in range(n_mb)]
+            norms = [float(sum(len(s.response_ids) for s in mb)) if algo.aggregation == "token-mean"
+                     else float(len(mb)) for mb in mbs]
+            workers = self.pools[pid].update
+            per_mb = [shard_minibatch(mb, len(workers)) for mb in mbs]  # [m][rank]
+            calls[pid] = [w.update.remote([sh[rank] for sh in per_mb], norms, len(batch), temp)
+                          for rank, w in enumerate(workers)]
+            sent[pid] = len(batch)
+        for pid, refs in calls.items():
+            outs = ray.get(refs)
+            steps = {o[0].optimizer_steps for o in outs}
+            assert len(steps) == 1, f"policy {pid}: update ranks disagree on optimizer steps {steps}"
+            stats[pid] = outs[0][0]
+            self.counters["ray/dropped_samples"] += sent[pid] - sum(o[1] for o in outs)
+        self._sync_weights(state, list(calls))
+        return stats
+
+    def _sync_weights(self, state, pids: list[str]) -> None:
+        """Rank 0's trainable weights to the policy's rollout workers (one object-store copy) and the driver."""
+        import ray
+
+        from .ray_workers import load_trainable
+
+        t = time.perf_counter()
+        wrefs = {pid: self.pools[pid].update[0].weights.remote() for pid in pids}
+        loads = [r.load.remote(wrefs[pid]) for pid in pids for r in self.pools[pid].rollout]
+        for pid in pids:
+            load_trainable(state.policies[pid].model, ray.get(wrefs[pid]))
+        ray.get(loads)
+        self.counters["time/ray_sync"] += time.perf_counter() - t
+
+    def pull_state(self, state) -> None:
+        """Bring the optimizer states to the driver (for a checkpoint; the weights are there after each step)."""
+        import ray
+
+        if self._state is not state:
+            return  # the workers hold nothing newer than the driver
+        opts = ray.get([p.update[0].optimizer_state.remote() for p in self.pools.values()])
+        for pid, opt in zip(self.pools, opts):
+            state.optimizers[pid].load_state_dict(opt)
+
+    def step_metrics(self) -> dict[str, float]:
+        out = dict(self.counters)
+        self._reset_counters()
+        return out
+
+    def _reset_counters(self) -> None:
+        self.counters = {k: 0.0 for k in ("ray/dropped_samples", "ray/env_retries", "ray/env_worker_restarts",
+                                          "time/ray_sync", "time/ray_attach")}

@@ -1,0 +1,260 @@
+"""The model side of the Ray backend (``ray_backend.py``): rollout and update workers (actors), the driver's
+``RemotePolicy`` in front of a policy's rollout workers, and how a mini-batch is sharded over update ranks.
+
+Every worker builds its policy with the constructors of a local run (``setup.py``) and then receives its
+weights from the driver. Only parameters with ``requires_grad`` travel (``trainable_state``): the whole model
+for L0/L1/L3, the role's adapter alone for per-role LoRA (L2); frozen weights are rebuilt identically from the
+config (the seeded tiny model, or the same local Hugging Face files).
+
+Update workers of one policy train data-parallel (``dp_update``): every rank gets a shard of each mini-batch,
+scales its loss by the *global* mini-batch normaliser (tokens for token-mean, sequences for seq-mean), and one
+all-reduce per mini-batch sums the gradients together with the loss statistics; every rank then clips and steps
+identically. The result equals the single-process ``update.update_policy`` up to float summation order.
+This mirrors ``update_policy`` line by line (the driver draws the same mini-batch permutation from the run's
+generator); a change there must be made here too (tests/test_ray_backend.py compares the two).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from typing import Callable
+
+import ray
+import torch
+import torch.distributed as dist
+
+from ..algorithms.losses import policy_loss
+from ..config import AlgoConfig, Config
+from ..rollout.records import Sample
+from .ray_backend import split_even
+from .update import UpdateStats, make_optimizer, micro_batches, score
+
+
+# ---- weights ------------------------------------------------------------------------------------------
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters by name, on the CPU (what weight sync sends: LoRA adapters only for L2)."""
+    return {n: p.detach().cpu() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (from ``trainable_state``) into ``model`` in place (optimizers keep their tensors)."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if set(params) != set(weights):
+        raise RuntimeError(f"weight sync: names differ; missing {sorted(set(params) - set(weights))[:5]}, "
+                           f"unexpected {sorted(set(weights) - set(params))[:5]}")
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(weights[n])
+
+
+def build_policy(cfg: Config, pid: str, policy_ids: list[str]):
+    """The policy ``pid`` exactly as a local run builds it (``setup.build_policies``), without the others
+    (L2: all adapters share one base model, so that one model is built with every adapter)."""
+    from .setup import _base_model, _policy, build_policies
+
+    if cfg.policy.sharing == "L2":
+        return build_policies(cfg, policy_ids)[pid]
+    model, tok = _base_model(cfg, sorted(policy_ids).index(pid))
+    return _policy(cfg, pid, model, tok)
+
+
+def _worker_cfg(cfg: Config) -> Config:
+    """A GPU worker (Ray set CUDA_VISIBLE_DEVICES for it) puts its model on cuda."""
+    if cfg.trainer.ray.gpus_per_worker > 0 and torch.cuda.is_available():
+        cfg.model.device = "cuda"
+    return cfg
+
+
+# ---- driver side: the rollout workers behind a policy, mini-batch shards ----------------------------------
+class RemotePolicy:
+    """The driver's face of a policy whose ``generate`` runs on its rollout workers. Prompts are rendered and
+    tokenised here (by the driver's copy); the rollout loop (``rollout/tree.py``) cannot tell the difference."""
+
+    def __init__(self, local, workers: list):
+        self.local, self.workers, self.policy_id = local, workers, local.policy_id
+
+    def render(self, prompt):
+        return self.local.render(prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.local.encode(text)
+
+    def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+                 generator=None):
+        if not prompt_ids:
+            return []
+        if len(self.workers) == 1:  # the run's own random stream: identical to the local backend
+            state = generator.get_state() if generator is not None else None
+            comps, state = ray.get(self.workers[0].generate.remote(prompt_ids, n, temperature, max_new_tokens, state))
+            if generator is not None:
+                generator.set_state(state)
+            return comps
+        parts = [p for p in split_even(list(range(len(prompt_ids))), len(self.workers)) if p]
+        seeds = torch.randint(0, 2**62, (len(parts),), generator=generator).tolist()
+        refs = [w.generate.remote([prompt_ids[i] for i in part], n, temperature, max_new_tokens, seed)
+                for w, part, seed in zip(self.workers, parts, seeds)]
+        return [c for comps, _ in ray.get(refs) for c in comps]
+
+
+def shard_minibatch(mb: list[Sample], world: int) -> list[list[Sample]]:
+    """Split one mini-batch over ``world`` update ranks: whole prompt groups (shared-prefix scoring keeps its
+    savings), largest first, each to the rank with the fewest tokens so far. Deterministic."""
+    groups: dict[tuple[int, ...], list[Sample]] = {}
+    for s in mb:
+        groups.setdefault(tuple(s.prompt_ids), []).append(s)
+    shards: list[list[Sample]] = [[] for _ in range(world)]
+    load = [0] * world
+    for g in sorted(groups.values(), key=lambda g: -sum(len(s.prompt_ids) + len(s.response_ids) for s in g)):
+        w = min(range(world), key=lambda r: (load[r], r))
+        shards[w] += g
+        load[w] += sum(len(s.prompt_ids) + len(s.response_ids) for s in g)
+    return shards
+
+
+# ---- data-parallel update -------------------------------------------------------------------------------
+def dp_update(policy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]], normalizers: list[float],
+              n_samples: int, algo: AlgoConfig, temperature: float, reference=None,
+              allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
+    """This rank's part of one policy update: ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),
+    ``normalizers[m]`` that mini-batch's normaliser over all ranks; ``allreduce(t)`` sums ``t`` over the ranks
+    in place (None: a single rank). Returns the statistics of the whole update (the same on every rank)."""
+    stats = UpdateStats(samples=n_samples)
+    policy.model.train()
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
+    for mb, normalizer in zip(shards, normalizers):
+        optimizer.zero_grad(set_to_none=True)
+        local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
+        for micro in (micro_batches(mb, algo) if mb else []):
+            logp, mask = score(policy, micro, temperature, algo)
+            old = torch.zeros_like(logp)
+            for i, s in enumerate(micro):
+                old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+            adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=logp.device)
+            ref_logp = None
+            if algo.kl_coef > 0:
+                if reference is None:
+                    raise ValueError("algo.kl_coef > 0 needs a frozen reference policy")
+                with torch.no_grad():
+                    ref_logp, _ = score(reference, micro, temperature, algo)
+            loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                                   aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
+                                   ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
+            loss.backward()
+            local = [local[0] + loss.item(), local[1] + ls.clipfrac, local[2] + ls.approx_kl, local[3] + ls.tokens]
+        mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
+        clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
+        if not (math.isfinite(mb_loss) and math.isfinite(grad_norm)):
+            optimizer.zero_grad(set_to_none=True)
+            stats.skipped_nonfinite += 1
+            continue
+        optimizer.step()
+        stats.optimizer_steps += 1
+        stats.grad_norm = max(stats.grad_norm, grad_norm)
+        loss_sum += mb_loss
+    stats.loss = loss_sum / max(1, stats.optimizer_steps)
+    stats.clipfrac = clip_sum / max(1, stats.tokens)
+    stats.approx_kl = kl_sum / max(1, stats.tokens)
+    optimizer.zero_grad(set_to_none=True)
+    return stats
+
+
+def _allreduce_grads(params: list[torch.nn.Parameter], local: list[float],
+                     allreduce: Callable[[torch.Tensor], None] | None) -> list[float]:
+    """Sum every parameter's gradient and the ``local`` statistics over the ranks with one all-reduce of one
+    flat float32 buffer. A parameter without a gradient on every rank keeps none (AdamW then skips it, as in
+    a single process)."""
+    if allreduce is None:
+        return local
+    dev = params[0].device
+    parts = [p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel(), device=dev)
+             for p in params]
+    has = torch.tensor([float(p.grad is not None) for p in params], device=dev)
+    flat = torch.cat(parts + [has, torch.tensor(local, dtype=torch.float32, device=dev)])
+    allreduce(flat)
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[off:off + n].view_as(p).to(p.dtype).clone()
+        off += n
+    for p, h in zip(params, flat[off:off + len(params)].tolist()):
+        if h == 0:
+            p.grad = None
+    return flat[-len(local):].tolist()
+
+
+# ---- actors ----------------------------------------------------------------------------------------------
+@ray.remote
+class RolloutWorker:
+    """Inference for one policy: ``generate`` with the driver's generator state (returned advanced)."""
+
+    def __init__(self, cfg: Config, pid: str, policy_ids: list[str]):
+        self.policy = build_policy(_worker_cfg(cfg), pid, policy_ids)
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        load_trainable(self.policy.model, weights)
+
+    def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+                 rng: torch.Tensor | int | None):
+        """``rng``: a generator state (returned advanced), a seed, or None (the process's global RNG)."""
+        gen = None
+        if rng is not None:
+            gen = torch.Generator()
+            gen.set_state(rng) if isinstance(rng, torch.Tensor) else gen.manual_seed(int(rng))
+        comps = self.policy.generate(prompt_ids, n, temperature, max_new_tokens, gen)
+        return comps, (gen.get_state() if gen is not None else None)
+
+
+@ray.remote
+class UpdateWorker:
+    """One rank of one policy's data-parallel optimisation (its own optimizer, same state on every rank)."""
+
+    def __init__(self, cfg: Config, pid: str, policy_ids: list[str], rank: int, world: int):
+        self.cfg, self.pid, self.policy_ids, self.rank, self.world = _worker_cfg(cfg), pid, policy_ids, rank, world
+        self.policy = build_policy(self.cfg, pid, policy_ids)
+        self.optimizer = make_optimizer(self.policy, self.cfg.algo)
+        self.reference = None
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def rendezvous(self) -> tuple[str, int]:
+        """(this node's address, a free port): rank 0's, where the process group meets."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def init_group(self, addr: str, port: int) -> None:
+        if self.world > 1 and not dist.is_initialized():
+            backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
+            dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
+                                    world_size=self.world)
+
+    def load(self, weights, optimizer_state=None, reference=None) -> None:
+        load_trainable(self.policy.model, weights)
+        if optimizer_state is not None:
+            self.optimizer.load_state_dict(optimizer_state)
+        if reference is not None:  # the frozen KL reference (scored under no_grad only)
+            if self.reference is None:
+                self.reference = build_policy(self.cfg, self.pid, self.policy_ids)
+            load_trainable(self.reference.model, reference)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return trainable_state(self.policy.model)
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def update(self, shards: list[list[Sample]], normalizers: list[float], n_samples: int,
+               temperature: float) -> tuple[UpdateStats, int]:
+        """Returns the update's statistics and the number of samples this rank trained on."""
+        allreduce = (lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM)) if self.world > 1 else None
+        stats = dp_update(self.policy, self.optimizer, shards, normalizers, n_samples, self.cfg.algo, temperature,
+                          self.reference, allreduce)
+        return stats, sum(len(s) for s in shards)

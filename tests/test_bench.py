@@ -1,0 +1,81 @@
+"""Smoke tests of the benchmarks (atgrpo/bench): each runs at a tiny size and writes JSON + markdown with the
+fields the docs rely on. Speed targets are benchmarks (docs/performance.md), never asserted here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from atgrpo.bench.common import Shape
+from atgrpo.cli import main
+from atgrpo.policies import TinyModelConfig
+
+SMALL = Shape(prompts=2, prompt_len=(10, 14), K=2, new_tokens=3, reps=1, warmup=0,
+              tiny=TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32))
+COMMON = {"bench", "shape", "machine", "methods", "ratios", "targets", "command"}
+
+
+def _check(result: dict, path, methods: set[str]) -> None:
+    saved = json.loads(path.read_text())
+    assert COMMON <= set(saved) and set(saved["methods"]) == methods
+    for m in methods:
+        assert saved["methods"][m]["tokens"] == SMALL.response_tokens
+        assert saved["methods"][m]["median_s"] > 0 and saved["methods"][m]["tokens_per_s"] > 0
+    assert saved["machine"]["nproc"] >= 1 and saved["machine"]["cpu_model"]
+    assert path.with_suffix(".md").read_text().startswith("## ")
+    assert result["ratios"] == saved["ratios"]
+
+
+def test_bench_rollout_cli(tmp_path, capsys):
+    rc = main(["bench", "rollout", "--prompts", "2", "--prompt-len", "10-14", "-K", "2", "--new-tokens", "3",
+               "--reps", "1", "--warmup", "0", "--hidden-size", "16", "--num-layers", "1", "--tag", "t",
+               "--out", str(tmp_path)])
+    assert rc == 0 and "tree" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "rollout_t.json").read_text())
+    assert set(saved["methods"]) == {"tree", "naive_loop", "hf_generate"}
+    assert set(saved["ratios"]) == {"tree_vs_naive_loop", "tree_vs_hf_generate"}
+    assert saved["command"].startswith("atgrpo bench rollout")
+    assert all(m["tokens"] == 2 * 2 * 3 for m in saved["methods"].values())
+
+
+def test_bench_update(tmp_path):
+    from atgrpo.bench.update import bench_update
+
+    r = bench_update(SMALL, str(tmp_path), "update", peak_n=128)
+    _check(r, tmp_path / "update.json", {"per_sample", "shared_prefix"})
+    assert r["grads_equal"] and r["grad_max_abs_diff"] < 1e-5
+    assert 0 < r["methods"]["shared_prefix"]["model_flops"] < r["methods"]["per_sample"]["model_flops"]
+    assert r["methods"]["shared_prefix"]["mfu"] > 0 and r["matmul_peak_flops"] > 0
+
+
+def test_bench_step(tmp_path):
+    from atgrpo.bench.step import bench_step
+
+    has_trl = importlib.util.find_spec("trl") is not None
+    r = bench_step(SMALL, str(tmp_path), "step", with_trl=has_trl)
+    _check(r, tmp_path / "step.json", {"atgrpo", "trl"} if has_trl else {"atgrpo"})
+    assert r["trl"]["available"] is has_trl
+    if has_trl:
+        assert r["ratios"]["atgrpo_vs_trl"] > 0 and r["trl"]["completion_mean_lengths"]
+
+
+def test_byte_tokenizer_fast_matches_byte_tokenizer():
+    from atgrpo.bench.step import byte_tokenizer_fast
+    from atgrpo.policies import ByteTokenizer
+
+    tok = byte_tokenizer_fast()
+    for text in ("hello", "héllo wörld ✓", " a  b\n\tc", "#.A\nG>"):
+        assert tok(text)["input_ids"] == ByteTokenizer().encode(text, add_bos=True)
+
+
+@pytest.mark.slow
+def test_learning_bench_quick_writes_the_table(tmp_path):
+    from atgrpo.bench.learning import ROW_ORDER, run_learning_bench
+
+    result = run_learning_bench(str(tmp_path), "quick", tasks=["plan_path"], progress=False)
+    assert set(result["table"]) == set(ROW_ORDER)
+    assert all("plan_path" in cells for cells in result["table"].values())
+    for name in ("results.json", "results.md", "learning_curves.png"):
+        assert (tmp_path / name).exists()

@@ -1,0 +1,169 @@
+"""The Ray backend on a local 2-CPU Ray cluster: the same train steps as the local backend (same seed: identical
+rewards, losses equal up to float summation order), environment workers that die are replaced, a whole run
+through ``train`` with ``trainer.backend=ray``.
+
+One ``ray.init`` and one backend (2 per-role policies x (1 rollout + 2 update workers) + 2 environment workers)
+are shared by the module: starting actors on 2 cores takes about a minute.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from atgrpo.config import ConfigError, load_config  # noqa: E402
+from atgrpo.rollout.records import Sample  # noqa: E402
+from atgrpo.trainer.ray_backend import RayBackend  # noqa: E402
+from atgrpo.trainer.ray_workers import shard_minibatch  # noqa: E402
+from atgrpo.trainer.run import build_state, train  # noqa: E402
+from atgrpo.trainer.step import train_step  # noqa: E402
+
+from conftest import FAST  # noqa: E402
+
+# the wrapper env below must reach the workers by value (they cannot import this test module)
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+# 2 CPUs hold the module's backend (8 actors) and the run's (3 actors) at 1/8 CPU each
+RAY = ["warmstart.enabled=false", "trainer.backend=ray", "trainer.ray.cpus_per_worker=0.125",
+       "trainer.ray.cpus_per_env_worker=0.125"]
+L3_DP = FAST + RAY + ["policy.sharing=L3", "trainer.ray.num_update_workers=2", "trainer.ray.num_env_workers=2"]
+# Losses, KL and grad norms: data-parallel ranks sum gradients in another order than one process does. The loss is
+# a sum of terms of both signs (advantages are zero-mean per group), so the tolerance is relative or absolute.
+REL, ABS = 1e-4, 1e-6
+CLOSE = ("loss", "pg", "clipfrac", "approx_kl", "grad_norm")
+
+
+@pytest.fixture(scope="module")
+def backend():
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    be = RayBackend(load_config(None, L3_DP))
+    yield be
+    be.close()
+    ray.shutdown()
+
+
+def _compare(local: dict, remote: dict) -> None:
+    assert set(local) <= set(remote)
+    for k, a in local.items():
+        if k.startswith(("time/", "perf/")):
+            continue
+        b = remote[k]
+        if k.split("/")[-1] in CLOSE or k.startswith("adv/"):
+            assert abs(a - b) <= ABS + REL * abs(a), (k, a, b)
+        else:
+            assert a == b, (k, a, b)  # rewards, success, groups, sample counts: exact
+
+
+def _pair(backend, overrides):
+    cfg = load_config(None, overrides)
+    local, remote = build_state(cfg), build_state(cfg)
+    remote.backend = backend
+    return local, remote
+
+
+def test_two_steps_match_the_local_backend(backend):
+    """Two AT-GRPO steps, two per-role policies (L3), two data-parallel update workers per policy."""
+    local, remote = _pair(backend, L3_DP)
+    assert set(remote.policies) == {"plan", "tool"}
+    for step in (1, 2):
+        ml, sl = train_step(local, step)
+        mr, sr = train_step(remote, step)
+        _compare(ml, mr)
+        assert [(s.problem, s.turn, s.agent, s.branch, s.response) for s in sl] == \
+               [(s.problem, s.turn, s.agent, s.branch, s.response) for s in sr]
+        assert mr["ray/dropped_samples"] == 0 and mr["ray/env_retries"] == 0
+        for pid in local.policies:
+            assert ml[f"update/{pid}/optimizer_steps"] > 0
+    for pid in local.policies:  # the driver's copy holds the trained weights (synced after every update)
+        a = dict(local.policies[pid].model.named_parameters())
+        b = dict(remote.policies[pid].model.named_parameters())
+        assert all(torch.allclose(a[n], b[n], rtol=1e-4, atol=1e-6) for n in a), pid
+    backend.pull_state(remote)  # optimizer states come back for checkpoints
+    for pid in local.policies:
+        sa, sb = local.optimizers[pid].state_dict()["state"], remote.optimizers[pid].state_dict()["state"]
+        assert sa.keys() == sb.keys() and all(sa[i]["step"] == sb[i]["step"] for i in sa)
+
+
+class KillWorkerOnce:
+    """An environment whose first step in a process other than the driver, while ``flag`` exists, removes the
+    flag and kills that process: an environment worker dying in the middle of a step."""
+
+    def __init__(self, env, flag: str, driver_pid: int):
+        self.env, self.flag, self.driver_pid = env, flag, driver_pid
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def clone(self):
+        return KillWorkerOnce(self.env.clone(), self.flag, self.driver_pid)
+
+    def step(self, text):
+        if os.getpid() != self.driver_pid and os.path.exists(self.flag):
+            try:
+                os.remove(self.flag)
+            except FileNotFoundError:  # another worker took it
+                return self.env.step(text)
+            os._exit(1)
+        return self.env.step(text)
+
+
+def test_dead_environment_worker_is_replaced_and_its_work_retried(backend, tmp_path):
+    local, remote = _pair(backend, L3_DP)
+    flag = str(tmp_path / "kill-once")
+    for st in (local, remote):
+        make = st.make_env
+        st.make_env = lambda split, seed, make=make: KillWorkerOnce(make(split, seed), flag, os.getpid())
+    open(flag, "w").close()
+    ml, _ = train_step(local, 1)
+    mr, _ = train_step(remote, 1)
+    assert not os.path.exists(flag), "no environment worker stepped the wrapped env"
+    assert mr["ray/env_worker_restarts"] == 1 and mr["ray/env_retries"] == 1
+    assert mr["ray/dropped_samples"] == 0
+    _compare(ml, mr)
+    ml, _ = train_step(local, 2)  # the replacement worker serves the next step
+    mr, _ = train_step(remote, 2)
+    _compare(ml, mr)
+    assert mr["ray/env_worker_restarts"] == 0
+
+
+def test_shard_minibatch_keeps_prompt_groups_whole_and_loses_nothing():
+    def sample(prompt, n):
+        return Sample(problem="p", branch=0, turn=0, agent="a", policy="a", prompt="", prompt_ids=list(prompt),
+                      response="", response_ids=[1] * n, logprobs=[0.0] * n, reward_team=0.0, reward_local=0.0,
+                      reward=0.0, selected=False, finished=True)
+    mb = [sample((1, 2), 3), sample((5,), 9), sample((1, 2), 4), sample((7, 7, 7), 1), sample((5,), 2)]
+    shards = shard_minibatch(mb, 2)
+    assert sorted(map(id, mb)) == sorted(id(s) for sh in shards for s in sh)
+    for sh in shards:
+        prompts = {tuple(s.prompt_ids) for s in sh}
+        assert all(sum(tuple(s.prompt_ids) == p for s in sh) == sum(tuple(s.prompt_ids) == p for s in mb)
+                   for p in prompts)
+    assert shard_minibatch(mb[:1], 3)[1:] == [[], []]
+
+
+def test_config_names_the_backend_choices():
+    with pytest.raises(ConfigError, match="trainer.backend"):
+        load_config(None, ["trainer.backend=slurm"])
+    with pytest.raises(ConfigError, match="num_update_workers"):
+        load_config(None, ["trainer.ray.num_update_workers=0"])
+
+
+def test_train_run_on_ray_writes_metrics_and_checkpoint(backend, tmp_path):
+    """A whole ``train`` run (L1: one shared policy) through the run loop's hooks: its own backend on the
+    running Ray instance, closed at the end; optimizer states pulled back for the checkpoint."""
+    out = tmp_path / "run"
+    summary = train(load_config(None, FAST + RAY + ["trainer.ray.num_env_workers=1", "eval.problems=2"]),
+                    str(out), progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
+    assert [r["step"] for r in rows][:2] == [1, 2] and all(r["ray/dropped_samples"] == 0 for r in rows[:2])
+    assert summary["steps"] == 2
+    blob = torch.load(next((out / "checkpoint").glob("step_*/*.pt")), weights_only=False)
+    steps = {int(s["step"]) for s in blob["optimizers"]["shared"]["state"].values()}
+    assert steps == {rows[0]["update/shared/optimizer_steps"] + rows[1]["update/shared/optimizer_steps"]}
