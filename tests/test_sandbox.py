@@ -266,3 +266,13 @@ def test_run_many():
     results = run_many([("print(1)",), ("print(2)", ""), ("import sys; sys.exit(5)", "", 2.0)], max_workers=2)
     assert [r.stdout for r in results] == ["1\n", "2\n", ""]
     assert results[2].exit_code == 5
+
+
+def test_interpreter_under_a_covered_tmp_dir_stays_visible():
+    """A virtual environment under /tmp (a CI checkout) is bound back in when the sandbox covers /tmp."""
+    from atgrpo.sandbox.confine import _interpreter_dirs, _outermost
+
+    assert _outermost(["/tmp/ci/.venv", "/tmp/ci/.venv/bin", "/tmp/work", "/tmp/workdir2"]) == [
+        "/tmp/ci/.venv", "/tmp/work", "/tmp/workdir2"]
+    assert any(os.path.dirname(sys.executable) in (d, os.path.realpath(d)) for d in _interpreter_dirs())
+    assert run_python("import sys; print(sys.version_info[0])").stdout.strip() == "3"

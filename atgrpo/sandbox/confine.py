@@ -159,14 +159,28 @@ def _cover(target: str, mode: int, keep: Sequence[str], size_mb: int) -> None:
         os.close(fd)
 
 
+@functools.cache
+def _interpreter_dirs() -> tuple[str, ...]:
+    """The directories the interpreter needs (its prefixes and the executable's folder), as given and resolved:
+    a virtual environment under /tmp (a CI checkout, say) must stay visible when /tmp is covered."""
+    dirs = {sys.prefix, sys.base_prefix, os.path.dirname(sys.executable)}
+    return tuple(sorted(dirs | {os.path.realpath(d) for d in dirs}))
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
+    """Drop paths that lie inside another one of ``paths`` (binding the outer one brings them along)."""
+    out = sorted(set(paths))
+    return [p for p in out if not any(p != q and p.startswith(q.rstrip(os.sep) + os.sep) for q in out)]
+
+
 def _setup_mounts(plan: _ChildPlan) -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # never propagate back to the host
     with suppress(OSError):
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for target in _SHARED_TMP_DIRS:
         if os.path.isdir(target) and not os.path.islink(target):
-            keep = [plan.workdir] if plan.workdir.startswith(target + os.sep) else []
-            _cover(target, 0o1777, keep, plan.tmpfs_mb)
+            inside = [p for p in (plan.workdir, *_interpreter_dirs()) if p.startswith(target + os.sep)]
+            _cover(target, 0o1777, _outermost(inside), plan.tmpfs_mb)
     for target, keep in plan.reveal:
         _cover(target, 0o755, keep, 1)
 
