@@ -6,21 +6,11 @@ knows nothing at first; the trainer gives it a short supervised warm start on sc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from ..config import TinyConfig as TinyModelConfig  # the one definition lives in the config tree
 from .tokenizer import BOS, EOS, PAD, VOCAB_SIZE
-
-
-@dataclass
-class TinyModelConfig:
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    intermediate_size: int = 384
-    max_positions: int = 512
 
 
 def build_tiny_model(cfg: TinyModelConfig, seed: int) -> LlamaForCausalLM:

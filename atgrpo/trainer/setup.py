@@ -16,7 +16,7 @@ import torch
 
 from ..config import Config, ConfigError
 from ..envs import MultiAgentEnv, make
-from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
+from ..policies import ByteTokenizer, CausalLMPolicy, build_tiny_model
 
 
 def env_factory(cfg: Config) -> Callable[[str, int], MultiAgentEnv]:
@@ -65,7 +65,7 @@ def build_policies(cfg: Config, policy_ids: list[str]) -> dict[str, CausalLMPoli
 def _base_model(cfg: Config, n: int):
     """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model."""
     if cfg.model.kind == "tiny":
-        model = build_tiny_model(TinyModelConfig(**vars(cfg.model.tiny)), seed=cfg.seed * 1000 + n)
+        model = build_tiny_model(cfg.model.tiny, seed=cfg.seed * 1000 + n)
         return model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer()
     from ..policies.hf import ModelNotFound, load_hf_model
 
