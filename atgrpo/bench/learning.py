@@ -76,7 +76,9 @@ def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None 
     table = _table(runs, tasks)
     result = {"size": size, "seeds": n_seeds, "tasks": tasks, "table": table, "runs": runs,
               "wall_seconds": time.time() - start,
-              "command": f"atgrpo bench learning{' --quick' if size == 'quick' else ''} --out {out}"}
+              "command": (f"atgrpo bench learning{' --quick' if size == 'quick' else ''}"
+                          f"{f' --seeds {seeds}' if seeds else ''}"
+                          f"{f' --tasks {chr(44).join(tasks)}' if tasks != list(TASKS) else ''} --out {out}")}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "results.md"), "w") as f:
