@@ -25,11 +25,10 @@ import ray
 import torch
 import torch.distributed as dist
 
-from ..algorithms.losses import policy_loss
 from ..config import AlgoConfig, Config
 from ..rollout.records import Sample
 from .ray_backend import split_even
-from .update import UpdateStats, make_optimizer, micro_batches, score
+from .update import UpdateStats, backward_micro_batch, make_optimizer, micro_batches
 
 
 # ---- weights ------------------------------------------------------------------------------------------
@@ -128,22 +127,8 @@ def dp_update(policy, optimizer: torch.optim.Optimizer, shards: list[list[Sample
         optimizer.zero_grad(set_to_none=True)
         local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
         for micro in (micro_batches(mb, algo) if mb else []):
-            logp, mask = score(policy, micro, temperature, algo)
-            old = torch.zeros_like(logp)
-            for i, s in enumerate(micro):
-                old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-            adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=logp.device)
-            ref_logp = None
-            if algo.kl_coef > 0:
-                if reference is None:
-                    raise ValueError("algo.kl_coef > 0 needs a frozen reference policy")
-                with torch.no_grad():
-                    ref_logp, _ = score(reference, micro, temperature, algo)
-            loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                   aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
-                                   ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
-            loss.backward()
-            local = [local[0] + loss.item(), local[1] + ls.clipfrac, local[2] + ls.approx_kl, local[3] + ls.tokens]
+            loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
+            local = [local[0] + loss_value, local[1] + ls.clipfrac, local[2] + ls.approx_kl, local[3] + ls.tokens]
         mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
         clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))

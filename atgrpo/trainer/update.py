@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algorithms.losses import policy_loss
+from ..algorithms.losses import LossStats, policy_loss
 from ..config import AlgoConfig
 from ..policies.causal_lm import CausalLMPolicy
 from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
@@ -54,6 +54,28 @@ def score(policy: CausalLMPolicy, micro: list[Sample], temperature: float, algo:
     return fn([s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature)
 
 
+def backward_micro_batch(policy: CausalLMPolicy, micro: list[Sample], normalizer: float, algo: AlgoConfig,
+                         temperature: float, reference: CausalLMPolicy | None = None) -> tuple[float, LossStats]:
+    """Score one micro-batch, compute its share of the mini-batch loss (``normalizer``: the whole mini-batch's
+    token or sequence count) and accumulate its gradients. Shared by the local and the data-parallel update."""
+    logp, mask = score(policy, micro, temperature, algo)
+    old = torch.zeros_like(logp)
+    for i, s in enumerate(micro):
+        old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=logp.device)
+    ref_logp = None
+    if algo.kl_coef > 0:
+        if reference is None:
+            raise ValueError("algo.kl_coef > 0 needs a frozen reference policy")
+        with torch.no_grad():
+            ref_logp, _ = score(reference, micro, temperature, algo)
+    loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+                           aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
+                           ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
+    loss.backward()
+    return loss.item(), ls
+
+
 def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samples: list[Sample],
                   algo: AlgoConfig, temperature: float, generator: torch.Generator,
                   reference: CausalLMPolicy | None = None) -> UpdateStats:
@@ -73,22 +95,8 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
         optimizer.zero_grad(set_to_none=True)
         mb_loss = 0.0
         for micro in micro_batches(mb, algo):
-            logp, mask = score(policy, micro, temperature, algo)
-            old = torch.zeros_like(logp)
-            for i, s in enumerate(micro):
-                old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
-            adv = torch.tensor([s.advantage for s in micro], dtype=logp.dtype, device=logp.device)
-            ref_logp = None
-            if algo.kl_coef > 0:
-                if reference is None:
-                    raise ValueError("algo.kl_coef > 0 needs a frozen reference policy")
-                with torch.no_grad():
-                    ref_logp, _ = score(reference, micro, temperature, algo)
-            loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-                                   aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
-                                   ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
-            loss.backward()
-            mb_loss += loss.item()
+            loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
+            mb_loss += loss_value
             clip_sum += ls.clipfrac
             kl_sum += ls.approx_kl
             stats.tokens += ls.tokens
