@@ -126,6 +126,8 @@ class TrainConfig:
     checkpoint_every: int = 10  # steps between checkpoints (0: only at the end and on a stop signal)
     keep_checkpoints: int = 2  # step checkpoints kept (the newest ones); checkpoint/final is always kept
     max_nonfinite: int = 3  # stop with an error after this many skipped non-finite updates
+    threads: int = 0  # torch CPU threads (0: torch's default). 1 is steadier on a busy machine, and lets
+    # several small runs share the cores (`atgrpo bench learning` runs its cells one thread each)
 
 
 @dataclass
@@ -308,9 +310,10 @@ def validate(cfg: Config) -> None:
                 "warmstart.noise", "train.steps", "eval.every", "warmstart.episodes", "warmstart.epochs"):
         sect, name = key.split(".")
         _positive(key, getattr(getattr(cfg, sect), name), allow_zero=True)
-    every = cfg.train.checkpoint_every
-    if not isinstance(every, int) or isinstance(every, bool) or every < 0:
-        raise ConfigError(f"train.checkpoint_every={every!r} must be an integer >= 0 (0: only at the end)")
+    for name, zero in (("checkpoint_every", "only at the end"), ("threads", "torch's default")):
+        v = getattr(cfg.train, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ConfigError(f"train.{name}={v!r} must be an integer >= 0 (0: {zero})")
     if cfg.rollout.temperature == 0:
         raise ConfigError("rollout.temperature=0 makes all K candidates identical; use a temperature > 0")
     _choice("trainer.backend", cfg.trainer.backend, BACKENDS)

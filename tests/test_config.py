@@ -112,7 +112,8 @@ def test_bad_choice_in_yaml(tmp_path):
 @pytest.mark.parametrize("item, key", [
     ("rollout.K=0", "rollout.K"), ("rollout.K=2.5", "rollout.K"), ("rollout.K=true", "rollout.K"),
     ("algo.lr=0", "algo.lr"), ("algo.clip_low=-0.1", "algo.clip_low"), ("rollout.temperature=0", "temperature"),
-    ("algo.minibatches=many", "algo.minibatches"),
+    ("algo.minibatches=many", "algo.minibatches"), ("train.threads=-1", "train.threads"),
+    ("train.checkpoint_every=1.5", "train.checkpoint_every"),
 ])
 def test_bad_numbers(item, key):
     assert key in _err(overrides=[item])

@@ -249,3 +249,31 @@ def test_empirical_distribution_matches_softmax_at_temperature():
     # the stored log-prob of each sampled token is log softmax(logits / T)
     lp = torch.tensor([x.logprobs[0] for x in comps], dtype=torch.double)
     assert torch.allclose(lp, torch.log(p[first]), atol=1e-4)
+
+
+def test_reserved_cache_samples_what_dynamic_cache_samples(monkeypatch):
+    """The in-place cache (kv_cache.py) holds the values DynamicCache would: same tokens, same log-probs, with
+    rows dropping out early and a reservation too small (so it has to regrow)."""
+    from transformers import DynamicCache
+
+    import atgrpo.policies.causal_lm as causal_lm
+    from atgrpo.policies.kv_cache import ReservedCache
+
+    pol = _policy(2)
+    handle = _bias_logits(pol, {EOS: 3.0})
+    ids = [pol.encode(p) for p in PROMPTS]
+    runs = {}
+    try:
+        for name, factory in {"reserved": ReservedCache, "regrowing": lambda cap: ReservedCache(4),
+                              "dynamic": lambda cap: DynamicCache()}.items():
+            monkeypatch.setattr(causal_lm, "ReservedCache", factory)
+            comps = pol.generate(ids, 5, 1.0, 25, torch.Generator().manual_seed(7))
+            runs[name] = [(c.ids, c.logprobs, c.finished) for row in comps for c in row]
+    finally:
+        handle.remove()
+    assert len({len(ids) for ids, _, _ in runs["dynamic"]}) >= 4  # rows really stopped at different steps
+    for name in ("reserved", "regrowing"):
+        assert [i for i, _, _ in runs[name]] == [i for i, _, _ in runs["dynamic"]]
+        assert [f for _, _, f in runs[name]] == [f for _, _, f in runs["dynamic"]]
+        for (_, a, _), (_, b, _) in zip(runs[name], runs["dynamic"]):
+            assert a == pytest.approx(b, abs=1e-5)

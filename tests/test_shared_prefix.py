@@ -18,7 +18,7 @@ from atgrpo.config import AlgoConfig, ConfigError, load_config
 from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from atgrpo.policies.shared_prefix import chunk_cost, group_by_prompt, plan_chunks, shared_prefix_logprobs
 from atgrpo.rollout.records import Sample
-from atgrpo.trainer.update import update_policy
+from atgrpo.trainer.update import split_minibatches, update_policy
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
 ATOL = 1e-5
@@ -144,6 +144,27 @@ def test_update_policy_same_step_either_way(budget):
     assert moved > 1e-4
     for a, b in zip(params[False], params[True]):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=1e-4)
+
+
+def test_minibatches_keep_prompt_groups_whole():
+    """Each prompt's K responses land in one mini-batch (one prompt pass per step), every sample exactly once,
+    mini-batch sizes balanced, the split a function of the generator."""
+    pol = _policy(0)
+    prompts, responses = _batch([9, 14, 5, 20, 7], 4, seed=3)
+    samples = _samples(prompts, responses, pol)
+    mbs = split_minibatches(samples, 2, torch.Generator().manual_seed(1))
+    assert len(mbs) == 2 and sorted(len(mb) for mb in mbs) == [8, 12]
+    assert sorted(id(s) for mb in mbs for s in mb) == sorted(id(s) for s in samples)
+    for mb in mbs:
+        for s in mb:
+            assert all(any(o is t for t in mb) for o in samples if o.prompt_ids == s.prompt_ids)
+    again = split_minibatches(samples, 2, torch.Generator().manual_seed(1))
+    assert [[id(s) for s in mb] for mb in again] == [[id(s) for s in mb] for mb in mbs]
+    orders = {tuple(s.branch for s in split_minibatches(samples, 2, torch.Generator().manual_seed(k))[0])
+              for k in range(8)}
+    assert len(orders) > 1  # the generator decides which groups share a mini-batch
+    one_group = [s for s in samples if s.prompt_ids == samples[0].prompt_ids]
+    assert len(split_minibatches(one_group, 2, torch.Generator())) == 1  # one group: one mini-batch
 
 
 def test_config_fields():

@@ -4,8 +4,9 @@ Sampling is plain temperature sampling, nothing else (no top-p, top-k or repetit
 log-probabilities stored at sampling time and those the loss computes come from the same distribution
 ``softmax(logits / T)`` (REFERENCE section 7, mistake 4). ``temperature=0`` means greedy decoding (eval).
 
-Generation prefills each distinct prompt once and expands its KV cache ``n`` ways, and rows that have emitted
-EOS are dropped from the cache so they stop costing compute.
+Generation prefills each distinct prompt once and expands its KV cache ``n`` ways into a cache with the whole
+length reserved (``kv_cache.py``: decode steps write in place), and rows that have emitted EOS are dropped from
+the cache so they stop costing compute.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache
-
+from .kv_cache import ReservedCache
 from .tokenizer import ByteTokenizer
 
 
@@ -42,7 +42,10 @@ class CausalLMPolicy:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`
-        self._cache_kw = "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+        params = inspect.signature(type(base).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        # prefill needs the last position's logits only; a (B, L, V) tensor is GBs for big vocabularies
+        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
     # ---- prompts --------------------------------------------------------------------------------------
     def render(self, prompt: str | list[dict[str, str]]) -> str:
@@ -86,34 +89,27 @@ class CausalLMPolicy:
             attn[i, Lp - len(p):] = 1
         input_ids, attn = input_ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
-        cache = DynamicCache()
+        cache = ReservedCache(Lp + max_new_tokens)  # written in place each step: no per-step copy of the prompt
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         **{self._cache_kw: cache})
+                         **{self._cache_kw: cache}, **self._last_logits_only)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
         cache.batch_repeat_interleave(n)
         attn = attn.repeat_interleave(n, 0)
         next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (R,)
         R = B * n
         rows = torch.arange(R, device=dev)  # which output row each live cache row belongs to
-        toks: list[list[int]] = [[] for _ in range(R)]
-        lps: list[list[float]] = [[] for _ in range(R)]
-        done = [False] * R
-        for _ in range(max_new_tokens):
+        out_tok = torch.full((R, max_new_tokens), -1, dtype=torch.long, device=dev)  # -1: not generated
+        out_lp = torch.zeros((R, max_new_tokens), device=dev)
+        for step in range(max_new_tokens):
             if temperature > 0:
                 logp_all = F.log_softmax(logits / temperature, dim=-1)
                 tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (A,)
-                tok_lp = logp_all.gather(1, tok[:, None]).squeeze(1).tolist()
+                out_lp[rows, step] = logp_all.gather(1, tok[:, None]).squeeze(1)
             else:
                 tok = logits.argmax(-1)
-                tok_lp = None
+            out_tok[rows, step] = tok
             finished = tok == self.eos_id
-            for j, (r, t) in enumerate(zip(rows.tolist(), tok.tolist())):
-                toks[r].append(t)
-                if tok_lp is not None:
-                    lps[r].append(tok_lp[j])
-                if t == self.eos_id:
-                    done[r] = True
-            if bool(finished.all()):
+            if step == max_new_tokens - 1 or bool(finished.all()):
                 break
             if bool(finished.any()):  # drop finished rows: they stop costing compute
                 keep = (~finished).nonzero().squeeze(1)
@@ -125,7 +121,11 @@ class CausalLMPolicy:
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
         self.model.train(was_training)
-        comps = [Completion(toks[r], lps[r], self.decode(toks[r]), done[r]) for r in range(R)]
+        comps = []
+        for ids_row, lp_row in zip(out_tok.tolist(), out_lp.tolist()):
+            ids = [t for t in ids_row if t >= 0]
+            done = bool(ids) and ids[-1] == self.eos_id
+            comps.append(Completion(ids, lp_row[:len(ids)] if temperature > 0 else [], self.decode(ids), done))
         return [comps[i * n:(i + 1) * n] for i in range(B)]
 
     # ---- scoring --------------------------------------------------------------------------------------

@@ -240,10 +240,9 @@ class RayBackend:
     def update(self, state, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
         """Every policy's update on its own update workers, concurrently; then weight sync."""
         import ray
-        import torch
 
         from .ray_workers import shard_minibatch
-        from .update import UpdateStats
+        from .update import UpdateStats, split_minibatches
 
         algo, temp = self.cfg.algo, self.cfg.rollout.temperature
         calls, sent, stats = {}, {}, {}
@@ -251,9 +250,7 @@ class RayBackend:
             if not batch:
                 stats[pid] = UpdateStats()
                 continue
-            order = torch.randperm(len(batch), generator=state.generator).tolist()  # as update_policy draws it
-            n_mb = min(algo.minibatches, len(batch))
-            mbs = [[batch[i] for i in order[m::n_mb]] for m in range(n_mb)]
+            mbs = split_minibatches(batch, algo.minibatches, state.generator)  # as update_policy splits
             norms = [float(sum(len(s.response_ids) for s in mb)) if algo.aggregation == "token-mean"
                      else float(len(mb)) for mb in mbs]
             workers = self.pools[pid].update

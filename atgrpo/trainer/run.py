@@ -106,6 +106,8 @@ def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False
 def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal) -> dict[str, Any]:
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
     ckpt: Checkpoint | None = None
     if resume:
         remove_leftovers(run_dir)

@@ -17,7 +17,7 @@ import torch
 from ..algorithms.losses import LossStats, policy_loss
 from ..config import AlgoConfig
 from ..policies.causal_lm import CausalLMPolicy
-from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
+from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
 from ..rollout.records import Sample
 
 
@@ -36,6 +36,18 @@ class UpdateStats:
 def make_optimizer(policy: CausalLMPolicy, algo: AlgoConfig) -> torch.optim.Optimizer:
     params = [p for p in policy.model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999))
+
+
+def split_minibatches(samples: list[Sample], n: int, generator: torch.Generator) -> list[list[Sample]]:
+    """One PPO epoch's ``n`` mini-batches. Whole prompt groups (the K responses to one prompt) stay in one
+    mini-batch, so the shared-prefix pass runs each prompt once per step, not once per mini-batch. Groups are
+    taken in random order, each into the mini-batch with the fewest samples so far; fewer groups than ``n``
+    give fewer mini-batches."""
+    groups = group_by_prompt([s.prompt_ids for s in samples])
+    mbs: list[list[Sample]] = [[] for _ in range(min(n, len(groups)))]
+    for g in torch.randperm(len(groups), generator=generator).tolist():
+        min(mbs, key=len).extend(samples[i] for i in groups[g])
+    return mbs
 
 
 def micro_batches(mb: list[Sample], algo: AlgoConfig) -> list[list[Sample]]:
@@ -84,12 +96,8 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
     if not samples:
         return stats
     policy.model.train()
-    order = torch.randperm(len(samples), generator=generator).tolist()
-    n_mb = min(algo.minibatches, len(samples))
-    chunks = [order[i::n_mb] for i in range(n_mb)]
     loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
-    for chunk in chunks:
-        mb = [samples[i] for i in chunk]
+    for mb in split_minibatches(samples, algo.minibatches, generator):
         tokens = sum(len(s.response_ids) for s in mb)
         normalizer = float(tokens) if algo.aggregation == "token-mean" else float(len(mb))
         optimizer.zero_grad(set_to_none=True)
