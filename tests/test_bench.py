@@ -79,3 +79,21 @@ def test_learning_bench_quick_writes_the_table(tmp_path):
     assert all("plan_path" in cells for cells in result["table"].values())
     for name in ("results.json", "results.md", "learning_curves.png"):
         assert (tmp_path / name).exists()
+
+
+def test_game_config_files_match_the_learning_bench():
+    """configs/games/ holds one file per (task, row) of the table; each loads to the bench's own config."""
+    from pathlib import Path
+
+    from atgrpo.bench.learning import CONFIG_NAMES, ROW_ORDER, TASKS, row_overrides
+    from atgrpo.config import load_config
+
+    root = Path(__file__).parent.parent / "configs" / "games"
+    assert len(list(root.glob("*.yaml"))) == len(TASKS) * len(ROW_ORDER)
+    for task in TASKS:
+        for row in ROW_ORDER:
+            path = root / f"{task}_{CONFIG_NAMES[row]}.yaml"
+            hint = "regenerate: python -m atgrpo.bench.learning --write-configs configs/games"
+            assert path.exists(), f"{path} missing; {hint}"
+            assert load_config(str(path)) == load_config(None, row_overrides(task, row)), f"{path} differs; {hint}"
+            assert (load_config(str(path)).train.steps == 0) == (row in ("single agent", "MAS (no RL)"))

@@ -242,3 +242,48 @@ def test_clone_independent(env):
     assert twin.success and not env.success and env.observe() == snap
     with pytest.raises(ValueError):
         type(env)(roles=("plan", "tool"))
+
+
+def test_unreadable_answer_scores_below_readable_mistakes():
+    """An answer with nothing readable must never be the safe choice: it scores below a rejected Sudoku grid and
+    below a Sokoban list of invalid moves (with -0.2, RL drove a warm-started Sudoku policy to emit junk)."""
+    sud = SudokuEnv(roles=("plan",))
+    sud.reset(3)
+    other = [{1: 2, 2: 1, 3: 3, 4: 4}[v] for v in sud.solution]
+    rejected = sud.step(slash(other, 4)).reward.local
+    sud.reset(3)
+    junk = sud.step("no grid here").reward.local
+    assert junk < rejected < 0
+    sok = SokobanEnv(roles=("plan",))
+    sok.reset(0)
+    _set_sokoban(sok, goals=[(2, 3)], player=(1, 1), boxes=[(3, 3)])
+    invalid = sok.step("ULUL").reward.local  # four moves into the border
+    _set_sokoban(sok, goals=[(2, 3)], player=(1, 1), boxes=[(3, 3)])
+    assert sok.step("no moves").reward.local < invalid < 0
+
+
+def test_plan_expert_uses_a_solving_tool_proposal():
+    """The scripted planner executes the tool's proposal when its simulation solved the task (a longer, non-BFS
+    solution is kept as proposed), and solves by itself otherwise."""
+    from atgrpo.envs import PlanPathEnv
+
+    sok = SokobanEnv()
+    sok.reset(0)
+    _set_sokoban(sok, goals=[(2, 3)], player=(4, 3), boxes=[(3, 3)])
+    assert sok.expert_action("plan") == "U"  # no proposal yet: BFS
+    sok.step("LRU")  # tool: a detour, then the push that solves (simulated only)
+    assert not sok.success and sok.expert_action("plan") == "LRU"
+    assert sok.expert_action("tool") == "U"
+    sok.step(sok.expert_action("plan"))
+    assert sok.success
+    sok.reset(0)
+    _set_sokoban(sok, goals=[(2, 3)], player=(4, 3), boxes=[(3, 3)])
+    sok.step("L")  # a proposal that does not solve: the planner solves by itself
+    assert sok.expert_action("plan") == sok.room.solve(sok.player, sok.boxes)
+
+    pp = PlanPathEnv()
+    pp.reset(1)
+    best = pp.expert_action("tool")
+    detour = "UD" + best if pp.simulate(pp.pos, list("UD" + best))[2]["reached"] else best
+    pp.step(detour)
+    assert pp.expert_action("plan") == detour

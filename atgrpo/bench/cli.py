@@ -28,6 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="learning: the smoke-test size (1 seed, 2 steps)")
     p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku")
     p.add_argument("--seeds", type=int, help="learning: seeds per cell (default 3; --quick: 1)")
+    p.add_argument("--jobs", type=int, help="learning: runs side by side, one torch thread each (default: cores)")
 
 
 def command_line(args) -> str:
@@ -47,7 +48,7 @@ def run(args) -> int:
 
         out = args.out if args.out != "bench_out" else "bench_out/learning"
         run_learning_bench(out, "quick" if args.quick else "default",
-                           args.tasks.split(",") if args.tasks else None, args.seeds)
+                           args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs)
         with open(f"{out}/results.md") as f:
             print(f.read())
         return 0

@@ -2,7 +2,8 @@
 
 Rows are the methods of REFERENCE section 6 plus the grouping ablation; columns are Plan-Path, Sokoban and
 Sudoku; each cell is the held-out greedy success rate, mean and std over seeds. Every RL method gets the same
-budget: the same problems per step, K, steps and warm start. The no-RL rows are the *before-RL* evaluation of
+budget: the same K, steps and warm start, and about the same number of sampled responses (the single agent gets
+twice the problems per step, since the team acts twice per turn). The no-RL rows are the *before-RL* evaluation of
 the matching RL runs (same warm-started weights, same held-out problems), so they cost nothing extra:
 "single agent" is the starting point of "single agent + GRPO", and "MAS (no RL)" that of the L1 runs.
 
@@ -18,63 +19,91 @@ import statistics
 import time
 from typing import Any
 
-# method -> overrides; "before_of" rows reuse another method's before-RL evaluation
+# method -> overrides. The single agent acts once per turn where the two-agent team acts twice, so it gets twice
+# the problems per step: every RL method then samples about the same number of responses (reported per run).
 RL_METHODS: dict[str, list[str]] = {
     "single agent + GRPO": ["policy.sharing=L0", "rollout.mode=trajectory", "algo.group_key=problem"],
     "MAS + AT-GRPO shared (L1)": ["policy.sharing=L1", "rollout.mode=tree", "algo.group_key=problem_turn_agent"],
     "MAS + AT-GRPO per-role (L3)": ["policy.sharing=L3", "rollout.mode=tree", "algo.group_key=problem_turn_agent"],
     "MAS + trajectory GRPO (ablation)": ["policy.sharing=L1", "rollout.mode=trajectory", "algo.group_key=problem"],
 }
+PROBLEMS_FACTOR = {"single agent + GRPO": 2}
 BEFORE_ROWS = {"single agent": "single agent + GRPO", "MAS (no RL)": "MAS + AT-GRPO shared (L1)"}
 ROW_ORDER = ["single agent", "single agent + GRPO", "MAS (no RL)", "MAS + AT-GRPO shared (L1)",
              "MAS + AT-GRPO per-role (L3)", "MAS + trajectory GRPO (ablation)"]
 
+# Each task's warm start is sized so the starting policy is weak but not useless (held-out success ~0.05-0.3, as
+# the paper's single agents): a stronger one leaves RL nothing to do (Plan-Path starts at 0.84 after 6 epochs).
 TASKS: dict[str, list[str]] = {
     "plan_path": ["env.name=plan_path", "env.kwargs.size=5", "env.kwargs.wall_prob=0.2", "env.kwargs.max_turns=3"],
-    "sokoban": ["env.name=sokoban", "env.kwargs.size=5", "env.kwargs.max_turns=3"],
-    "sudoku": ["env.name=sudoku", "env.kwargs.size=4", "env.kwargs.max_turns=3", "rollout.max_new_tokens=20"],
+    "sokoban": ["env.name=sokoban", "env.kwargs.size=5", "env.kwargs.max_turns=3", "warmstart.batch_size=16",
+                "warmstart.epochs=6"],
+    "sudoku": ["env.name=sudoku", "env.kwargs.size=4", "env.kwargs.holes=4", "env.kwargs.max_turns=3",
+               "rollout.max_new_tokens=20", "warmstart.batch_size=16", "warmstart.epochs=3"],
 }
+# Advantages without the per-group std division (as Dr. GRPO), for every method alike: with it, Sokoban's
+# -0.01-per-move cost, blown up to unit scale in groups where nobody solves, drove both the single agent and the
+# team to one-move answers (held-out success 0.28 -> 0.08 in 20 steps; docs/results.md).
+RECIPE = ["algo.std_normalize=false"]
 SIZES: dict[str, dict[str, Any]] = {
-    "default": {"seeds": 3, "overrides": ["train.steps=20", "rollout.problems_per_step=8", "eval.problems=100",
-                                          "eval.every=10"]},
-    "quick": {"seeds": 1, "overrides": ["train.steps=2", "rollout.problems_per_step=4", "rollout.K=4",
-                                        "eval.problems=10", "eval.every=0", "warmstart.episodes=20",
-                                        "warmstart.epochs=1"]},
+    "default": {"seeds": 3, "problems": 16, "overrides": ["train.steps=30", "eval.problems=100", "eval.every=10"]},
+    "quick": {"seeds": 1, "problems": 4, "overrides": ["train.steps=2", "rollout.K=4", "eval.problems=10",
+                                                       "eval.every=0", "warmstart.episodes=20",
+                                                       "warmstart.epochs=1"]},
 }
-COMMON = ["train.tensorboard=false", "train.plot=false", "train.checkpoint_every=0"]
+# one torch thread per run: results do not depend on --jobs, and small runs side by side use the cores better
+COMMON = ["train.tensorboard=false", "train.plot=false", "train.checkpoint_every=0", "train.threads=1"]
 
 
-def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None = None,
-                       seeds: int | None = None, progress: bool = True) -> dict[str, Any]:
+def cell_overrides(task: str, method: str, size: str, seed: int) -> list[str]:
+    """Every override of one (task, method, seed) run, in the order they apply."""
+    spec = SIZES[size]
+    problems = spec["problems"] * PROBLEMS_FACTOR.get(method, 1)
+    return (TASKS[task] + RL_METHODS[method] + RECIPE + [f"rollout.problems_per_step={problems}"]
+            + spec["overrides"] + COMMON + [f"seed={seed}"])
+
+
+def run_cell(items: list[str], run_dir: str) -> dict[str, Any]:
+    """Train one cell of the table (in a worker process); its before/after evaluation, curve and budget."""
     from ..config import load_config
     from ..trainer.run import train
 
-    spec = SIZES[size]
+    t = time.time()
+    summary = train(load_config(None, items), run_dir, progress=False)
+    return {"overrides": items, "before": summary["eval_before"]["success_rate"],
+            "after": summary["eval_after"]["success_rate"], "curve": _eval_curve(run_dir, summary),
+            "samples": _samples(run_dir), "seconds": time.time() - t}
+
+
+def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None = None,
+                       seeds: int | None = None, jobs: int | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run the table: every (task, method, seed) cell as its own training, ``jobs`` at a time (default: one per
+    core), each in a fresh process with one torch thread."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
     tasks = tasks or list(TASKS)
-    n_seeds = seeds or spec["seeds"]
+    n_seeds = seeds or SIZES[size]["seeds"]
+    jobs = jobs or os.cpu_count() or 1
     os.makedirs(out, exist_ok=True)
+    cells = [(task, method, seed) for task in tasks for method in RL_METHODS for seed in range(n_seeds)]
     runs: list[dict[str, Any]] = []
     start = time.time()
-    total = len(tasks) * len(RL_METHODS) * n_seeds
-    for task in tasks:
-        for method, overrides in RL_METHODS.items():
-            for seed in range(n_seeds):
-                items = TASKS[task] + overrides + spec["overrides"] + COMMON + [f"seed={seed}"]
-                cfg = load_config(None, items)
-                run_dir = os.path.join(out, "runs", f"{task}-{_slug(method)}-seed{seed}")
-                t = time.time()
-                summary = train(cfg, run_dir, progress=False)
-                curve = _eval_curve(run_dir, summary)
-                runs.append({"task": task, "method": method, "seed": seed, "overrides": items,
-                             "before": summary["eval_before"]["success_rate"],
-                             "after": summary["eval_after"]["success_rate"], "curve": curve,
-                             "samples": _samples(run_dir), "seconds": time.time() - t})
-                if progress:
-                    print(f"[{len(runs)}/{total}] {task:<9} {method:<34} seed {seed}: "
-                          f"{runs[-1]['before']:.2f} -> {runs[-1]['after']:.2f} ({runs[-1]['seconds']:.0f}s)",
-                          flush=True)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(run_cell, cell_overrides(task, method, size, seed),
+                               os.path.join(out, "runs", f"{task}-{_slug(method)}-seed{seed}")): (task, method, seed)
+                   for task, method, seed in cells}
+        for fut in as_completed(futures):
+            task, method, seed = futures[fut]
+            runs.append({"task": task, "method": method, "seed": seed, **fut.result()})
+            if progress:
+                r = runs[-1]
+                print(f"[{len(runs)}/{len(cells)}] {task:<9} {method:<34} seed {seed}: "
+                      f"{r['before']:.2f} -> {r['after']:.2f} ({r['seconds']:.0f}s; {(time.time() - start) / 60:.1f} "
+                      f"min so far)", flush=True)
+    runs.sort(key=lambda r: cells.index((r["task"], r["method"], r["seed"])))
     table = _table(runs, tasks)
-    result = {"size": size, "seeds": n_seeds, "tasks": tasks, "table": table, "runs": runs,
+    result = {"size": size, "seeds": n_seeds, "tasks": tasks, "jobs": jobs, "table": table, "runs": runs,
               "wall_seconds": time.time() - start,
               "command": (f"atgrpo bench learning{' --quick' if size == 'quick' else ''}"
                           f"{f' --seeds {seeds}' if seeds else ''}"
@@ -85,6 +114,49 @@ def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None 
         f.write(markdown(result))
     _plot(runs, tasks, os.path.join(out, "learning_curves.png"))
     return result
+
+
+# ---- the table's runs as config files ---------------------------------------------------------------------
+CONFIG_NAMES = {"single agent": "single", "single agent + GRPO": "single_grpo", "MAS (no RL)": "mas",
+                "MAS + AT-GRPO shared (L1)": "mas_atgrpo_L1", "MAS + AT-GRPO per-role (L3)": "mas_atgrpo_L3",
+                "MAS + trajectory GRPO (ablation)": "mas_trajectory_grpo"}
+BOOKKEEPING = {"train.tensorboard", "train.plot", "train.checkpoint_every"}  # bench-only: not written to files
+
+
+def row_overrides(task: str, row: str, seed: int = 0) -> list[str]:
+    """The overrides of one table row at the default size; the no-RL rows are their RL run with 0 steps."""
+    method = BEFORE_ROWS.get(row, row)
+    items = [i for i in cell_overrides(task, method, "default", seed) if i.split("=")[0] not in BOOKKEEPING]
+    return items + (["train.steps=0"] if row in BEFORE_ROWS else [])
+
+
+def write_configs(directory: str) -> list[str]:
+    """Write ``<task>_<row>.yaml`` for every task and row of the table (``configs/games/``), so each cell can be
+    rerun alone with ``atgrpo train FILE``. Returns the paths."""
+    import yaml
+
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for task in TASKS:
+        for row in ROW_ORDER:
+            data: dict[str, Any] = {}
+            for item in row_overrides(task, row):
+                key, raw = item.split("=", 1)
+                *parents, leaf = key.split(".")
+                node = data
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = yaml.safe_load(raw)
+            note = (f"# {task}, '{row}': one cell of `atgrpo bench learning` (seed 0; the bench runs seeds 0-2).\n"
+                    f"# Written by `python -m atgrpo.bench.learning --write-configs {directory}`; do not edit by "
+                    f"hand\n# (tests/test_bench.py checks these files against the bench's definitions).\n")
+            if row in BEFORE_ROWS:
+                note += "# No RL: warm start, then the held-out evaluation (train.steps: 0).\n"
+            path = os.path.join(directory, f"{task}_{CONFIG_NAMES[row]}.yaml")
+            with open(path, "w") as f:
+                f.write(note + yaml.safe_dump(data, sort_keys=False))
+            paths.append(path)
+    return paths
 
 
 def _slug(method: str) -> str:
@@ -122,7 +194,8 @@ def _table(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, dict[str, 
 def markdown(result: dict[str, Any]) -> str:
     tasks = result["tasks"]
     lines = [f"Held-out greedy success (%), mean ± std over {result['seeds']} seed(s); "
-             f"command: `{result['command']}`; {result['wall_seconds'] / 60:.1f} min.", "",
+             f"command: `{result['command']}`; {result['wall_seconds'] / 60:.1f} min "
+             f"({result.get('jobs', 1)} runs at a time).", "",
              "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
     for row, cells in result["table"].items():
         vals = [f"{100 * cells[t]['mean']:.1f} ± {100 * cells[t]['std']:.1f}" if t in cells else "-" for t in tasks]
@@ -161,3 +234,11 @@ def _plot(runs: list[dict[str, Any]], tasks: list[str], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write-configs", metavar="DIR", required=True, help="write one config file per table cell")
+    print("\n".join(write_configs(ap.parse_args().write_configs)))

@@ -26,6 +26,7 @@ from .base import Messages, MultiAgentEnv, Reward
 from .moves import DELTAS, parse_moves
 
 FORMAT_PENALTY = -1.0
+PROPOSAL_SHOWN = 40  # moves of the tool's proposal shown in the compact prompt
 STEP_COST = 0.01
 INVALID_PENALTY = 0.1
 GOAL_BONUS = 1.0
@@ -155,6 +156,12 @@ class PlanPathEnv(MultiAgentEnv):
         return Reward(team=1.0 if self.success else 0.0, local=local), info
 
     def expert_action(self, agent: str) -> str:
+        """The plan agent repeats the tool's proposal when its simulation reached the goal (a teammate's
+        solution is used, not re-derived; it is shown whole up to ``PROPOSAL_SHOWN`` moves); otherwise, and for
+        the tool, a BFS shortest path from the current position."""
+        p = self.proposal
+        if agent == "plan" and p is not None and p[2] and len(p[0]) <= PROPOSAL_SHOWN:
+            return p[0]
         return bfs_path(self.size, self.walls, self.pos, self.goal) or ""
 
     def answer_alphabet(self) -> str:
@@ -180,7 +187,7 @@ class PlanPathEnv(MultiAgentEnv):
                 lines.append("T:?")
             else:
                 moves, end, reached = self.proposal
-                lines.append(f"T:{moves[:40]}@{end[0]},{end[1]}{'+' if reached else '-'}")
+                lines.append(f"T:{moves[:PROPOSAL_SHOWN]}@{end[0]},{end[1]}{'+' if reached else '-'}")
         return "\n".join(lines) + "\n>"
 
     def _chat(self, agent: str) -> Messages:

@@ -34,7 +34,7 @@ from . import splits
 from .base import Messages, MultiAgentEnv, Reward
 from .moves import DELTAS, parse_moves
 
-FORMAT_PENALTY = -0.2
+FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 STEP_COST = 0.01
 INVALID_PENALTY = 0.05
 BOX_ON_GOAL = 1.0
@@ -43,6 +43,7 @@ SHAPING = 0.1
 SOLVE_BONUS = 10.0
 WALL_PROB = 0.12  # chance that an interior cell is a wall
 SOLVER_CAP = 200_000  # most (player, boxes) states the solver visits before giving up
+PROPOSAL_SHOWN = 40  # moves of the tool's proposal shown in the compact prompt
 
 Pos = tuple[int, int]
 Boxes = tuple[Pos, ...]  # always sorted, so that equal box sets compare equal
@@ -271,7 +272,12 @@ class SokobanEnv(MultiAgentEnv):
         return Reward(team=1.0 if self.success else 0.0, local=local), info
 
     def expert_action(self, agent: str) -> str:
-        """The BFS solver's shortest move string from the current state ('' when it finds none)."""
+        """The plan agent repeats the tool's proposal when its simulation solved the puzzle (a teammate's
+        solution is used, not re-derived; it is shown whole up to ``PROPOSAL_SHOWN`` moves); otherwise, and for
+        the tool, the BFS solver's shortest move string from the current state ('' when it finds none)."""
+        p = self.proposal
+        if agent == "plan" and p is not None and p[3] and len(p[0]) <= PROPOSAL_SHOWN:
+            return p[0]
         return self.room.solve(self.player, self.boxes) or ""
 
     def answer_alphabet(self) -> str:
@@ -291,7 +297,7 @@ class SokobanEnv(MultiAgentEnv):
                 lines.append("T:?")
             else:
                 moves, player, boxes, solved = self.proposal
-                lines.append(f"T:{moves[:40]}@A{player[0]},{player[1]} B{_fmt(boxes)}{'+' if solved else '-'}")
+                lines.append(f"T:{moves[:PROPOSAL_SHOWN]}@A{player[0]},{player[1]} B{_fmt(boxes)}{'+' if solved else '-'}")
         return "\n".join(lines) + "\n>"
 
     def _chat(self, agent: str) -> Messages:

@@ -40,7 +40,7 @@ from typing import Any
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
 
-FORMAT_PENALTY = -0.2
+FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 REJECT_PENALTY = -0.5
 GIVEN_PENALTY = 0.2
 VIOLATION_PENALTY = 0.1
