@@ -46,3 +46,12 @@ def test_plan_path_rewards_by_hand():
     shaping = sum(0.99 * b - a for a, b in zip(phis, phis[1:]))
     assert r.reward.local == pytest.approx(shaping - 0.04 + 1.5)
     assert r.reward.team == 1.0 and r.terminated and env.success
+
+
+@pytest.mark.parametrize("name", ["plan_path", "sokoban", "sudoku", "code", "math"])
+def test_roles_checked_by_the_base_class(name):
+    env = make(name)
+    assert env.agents == env.team_roles and len(env.team_roles) == 2
+    assert make(name, roles=env.single_agent_roles).agents == env.single_agent_roles
+    with pytest.raises(ValueError, match=f"{name} roles must be"):
+        make(name, roles=tuple(reversed(env.team_roles)))

@@ -51,16 +51,24 @@ class StepResult:
 class MultiAgentEnv:
     """Base class of all atgrpo environments. One instance holds one problem.
 
-    Subclasses set ``agents`` (roles in turn order) and implement ``_reset``, ``_observe``, ``_apply`` and
-    ``success``. The base class runs the turn order: agents act in order ``agents[0], agents[1], ...``; once
+    Subclasses set ``team_roles`` (the roles in turn order) and ``single_agent_roles``, pass the caller's
+    ``roles`` to ``__init__`` (which checks them and sets ``agents``), and implement ``_reset``, ``_observe``,
+    ``_apply`` and ``success``. The base class runs the turn order: agents act in order ``agents[0], agents[1], ...``; once
     the last agent has acted, the turn counter advances; the episode truncates after ``max_turns`` turns.
     """
 
     name: str = "base"
-    agents: tuple[str, ...] = ()
+    agents: tuple[str, ...] = ()  # the roles of this instance, in turn order
+    team_roles: tuple[str, ...] = ()  # the multi-agent roles, in turn order
     single_agent_roles: tuple[str, ...] = ()  # the roles of the single-agent (L0) variant: pass as roles=
 
-    def __init__(self, max_turns: int, style: str = "compact"):
+    def __init__(self, max_turns: int, style: str = "compact", roles: tuple[str, ...] | None = None):
+        """``roles``: ``team_roles`` (the default) or ``single_agent_roles``."""
+        roles = self.team_roles if roles is None else tuple(roles)
+        allowed = [r for r in (self.team_roles, self.single_agent_roles) if r]
+        if allowed and roles not in allowed:
+            raise ValueError(f"{self.name} roles must be {' or '.join(map(repr, allowed))}, got {roles!r}")
+        self.agents = roles
         if style not in PROMPT_STYLES:
             raise ValueError(f"unknown prompt style {style!r}; valid: {', '.join(PROMPT_STYLES)}")
         if max_turns < 1:

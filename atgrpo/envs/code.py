@@ -54,17 +54,16 @@ class CodeEnv(MultiAgentEnv):
     """Code: coder + unit tester write and test a stdin/stdout program, run in a sandbox."""
 
     name = "code"
+    team_roles = ("coder", "tester")
     single_agent_roles = ("coder",)
 
     def __init__(self, dataset: str = "generated", max_turns: int = 3, style: str = "chat", split: str = "train",
-                 roles: tuple[str, ...] = ("coder", "tester"), timeout: float = 2.0, data_path: str | None = None,
+                 roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
                  parallel: bool = True, cache: bool = True):
         """``timeout``: seconds per program run (hidden test, tester case, reference); ``data_path``: the file of
         ``dataset="jsonl"``; ``parallel``: run the cases of one step on the shared sandbox pool (else one by
         one); ``cache``: reuse results of (program, input) pairs already run."""
-        super().__init__(max_turns=max_turns, style=style)
-        if tuple(roles) not in (("coder", "tester"), ("coder",)):
-            raise ValueError(f"code roles must be ('coder', 'tester') or ('coder',), got {roles!r}")
+        super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown code dataset {dataset!r}; valid: {', '.join(DATASETS)}")
         if split not in splits.SPLITS:
@@ -73,7 +72,6 @@ class CodeEnv(MultiAgentEnv):
             raise ValueError(f"code timeout must be > 0 seconds, got {timeout}")
         if (data_path is not None) != (dataset == "jsonl"):
             raise ValueError("data_path is needed for dataset='jsonl' and only there")
-        self.agents = tuple(roles)
         self.dataset, self.split, self.timeout = dataset, split, float(timeout)
         self.parallel, self.cache = parallel, cache
         self._problems: tuple[Problem, ...] = ()

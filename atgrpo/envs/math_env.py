@@ -54,7 +54,6 @@ TAIL_CHARS = 400  # stdout / stderr shown in chat prompts
 SOLUTION_CHARS = 1500  # previous solutions shown in chat prompts
 COMPACT_ANSWER_CHARS = 24
 CACHE_MAX_CODE_CHARS = 4096  # longer programs are not cached (the cache keys are the programs)
-ROLE_SETS = (("tool", "reasoner"), ("reasoner",))
 
 
 @dataclass(frozen=True)
@@ -107,21 +106,19 @@ class MathEnv(MultiAgentEnv):
     """Math: tool agent (Python) + reasoner (\\boxed{}) answer arithmetic, GSM or local JSONL problems."""
 
     name = "math"
+    team_roles = ("tool", "reasoner")
     single_agent_roles = ("reasoner",)
 
     def __init__(self, dataset: str = "arithmetic", max_turns: int = 3, style: str = "chat", split: str = "train",
-                 roles: tuple[str, ...] = ("tool", "reasoner"), timeout: float = 2.0, data_path: str | None = None,
+                 roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
                  dataset_kwargs: dict[str, Any] | None = None):
         """``dataset_kwargs``: passed to ``reasoning_gym.create_dataset`` (e.g. ``{"max_terms": 3,
         "max_digits": 2}`` for arithmetic); ``data_path``: the JSONL file of ``dataset="jsonl"``."""
-        super().__init__(max_turns=max_turns, style=style)
+        super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown math dataset {dataset!r}; valid: {', '.join(DATASETS)}")
-        if tuple(roles) not in ROLE_SETS:
-            raise ValueError(f"math roles must be ('tool', 'reasoner') or ('reasoner',), got {roles!r}")
         if not timeout > 0:
             raise ValueError(f"math timeout must be > 0 seconds, got {timeout}")
-        self.agents = tuple(roles)
         self.dataset, self.split, self.timeout = dataset, split, float(timeout)
         self.dataset_kwargs = dict(dataset_kwargs or {})
         self.records: tuple[Problem, ...] = ()

@@ -81,16 +81,14 @@ def render(size: int, walls: frozenset[Pos], pos: Pos, goal: Pos) -> str:
 
 class PlanPathEnv(MultiAgentEnv):
     name = "plan_path"
+    team_roles = ("tool", "plan")
     single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 10, wall_prob: float = 0.22, max_turns: int = 4, style: str = "compact",
-                 split: str = "train", roles: tuple[str, ...] = ("tool", "plan"), max_moves: int | None = None):
-        super().__init__(max_turns=max_turns, style=style)
-        if tuple(roles) not in (("tool", "plan"), ("plan",)):
-            raise ValueError(f"plan_path roles must be ('tool', 'plan') or ('plan',), got {roles!r}")
+                 split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None):
+        super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size < 2 or not 0.0 <= wall_prob < 0.6:
             raise ValueError(f"plan_path needs size >= 2 and 0 <= wall_prob < 0.6, got {size}, {wall_prob}")
-        self.agents = tuple(roles)
         self.size, self.wall_prob, self.split = size, wall_prob, split
         self.max_moves = max_moves or 2 * size * size
 

@@ -188,17 +188,15 @@ def _fmt(ps: Boxes) -> str:
 
 class SokobanEnv(MultiAgentEnv):
     name = "sokoban"
+    team_roles = ("tool", "plan")
     single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 6, num_boxes: int = 1, max_turns: int = 4, style: str = "compact",
-                 split: str = "train", roles: tuple[str, ...] = ("tool", "plan"), max_moves: int | None = None):
-        super().__init__(max_turns=max_turns, style=style)
-        if tuple(roles) not in (("tool", "plan"), ("plan",)):
-            raise ValueError(f"sokoban roles must be ('tool', 'plan') or ('plan',), got {roles!r}")
+                 split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None):
+        super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size < 5 or num_boxes < 1 or 2 * num_boxes + 2 > (size - 2) ** 2:
             raise ValueError(f"sokoban needs size >= 5 and 1 <= num_boxes with room to spare, got {size}, "
                              f"{num_boxes}")
-        self.agents = tuple(roles)
         self.size, self.num_boxes, self.split = size, num_boxes, split
         self.max_moves = max_moves or 3 * size * size
 

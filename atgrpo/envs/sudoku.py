@@ -215,19 +215,17 @@ def parse_action(text: str, n: int) -> tuple[str, list[int] | list[tuple[int, in
 
 class SudokuEnv(MultiAgentEnv):
     name = "sudoku"
+    team_roles = ("tool", "plan")
     single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 4, max_turns: int = 4, style: str = "compact", split: str = "train",
-                 roles: tuple[str, ...] = ("tool", "plan"), holes: int | None = None):
-        super().__init__(max_turns=max_turns, style=style)
-        if tuple(roles) not in (("tool", "plan"), ("plan",)):
-            raise ValueError(f"sudoku roles must be ('tool', 'plan') or ('plan',), got {roles!r}")
+                 roles: tuple[str, ...] | None = None, holes: int | None = None):
+        super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size not in DEFAULT_HOLES:
             raise ValueError(f"sudoku size must be 4 or 9, got {size}")
         holes = DEFAULT_HOLES[size] if holes is None else holes
         if not 1 <= holes <= MAX_HOLES[size]:
             raise ValueError(f"sudoku size {size} needs 1 <= holes <= {MAX_HOLES[size]}, got {holes}")
-        self.agents = tuple(roles)
         self.n, self.holes, self.split = size, holes, split
 
     # ---- episode --------------------------------------------------------------------------------------
