@@ -242,7 +242,7 @@ class RayBackend:
         import ray
 
         from .ray_workers import shard_minibatch
-        from .update import UpdateStats, split_minibatches
+        from .update import UpdateStats, minibatch_normalizer, split_minibatches
 
         algo, temp = self.cfg.algo, self.cfg.rollout.temperature
         calls, sent, stats = {}, {}, {}
@@ -251,8 +251,7 @@ class RayBackend:
                 stats[pid] = UpdateStats()
                 continue
             mbs = split_minibatches(batch, algo.minibatches, state.generator)  # as update_policy splits
-            norms = [float(sum(len(s.response_ids) for s in mb)) if algo.aggregation == "token-mean"
-                     else float(len(mb)) for mb in mbs]
+            norms = [minibatch_normalizer(mb, algo) for mb in mbs]
             workers = self.pools[pid].update
             per_mb = [shard_minibatch(mb, len(workers)) for mb in mbs]  # [m][rank]
             calls[pid] = [w.update.remote([sh[rank] for sh in per_mb], norms, len(batch), temp)

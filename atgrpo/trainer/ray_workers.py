@@ -6,29 +6,27 @@ weights from the driver. Only parameters with ``requires_grad`` travel (``traina
 for L0/L1/L3, the role's adapter alone for per-role LoRA (L2); frozen weights are rebuilt identically from the
 config (the seeded tiny model, or the same local Hugging Face files).
 
-Update workers of one policy train data-parallel (``dp_update``): every rank gets a shard of each mini-batch,
-scales its loss by the *global* mini-batch normaliser (tokens for token-mean, sequences for seq-mean), and one
-all-reduce per mini-batch sums the gradients together with the loss statistics; every rank then clips and steps
-identically. The result equals the single-process ``update.update_policy`` up to float summation order.
-This mirrors ``update_policy`` line by line (the driver draws the same mini-batch permutation from the run's
-generator); a change there must be made here too (tests/test_ray_backend.py compares the two).
+Update workers of one policy train data-parallel (``update.minibatch_update``, the loop of a local update too):
+every rank gets a shard of each mini-batch, scales its loss by the *global* mini-batch normaliser (tokens for
+token-mean, sequences for seq-mean), and one all-reduce per mini-batch sums the gradients together with the loss
+statistics; every rank then clips and steps identically. The driver splits mini-batches as a local update does
+(``update.split_minibatches`` on the run's generator), so the result equals the single-process
+``update.update_policy`` up to float summation order (tests/test_ray_backend.py compares the two).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
-from typing import Callable
 
 import ray
 import torch
 import torch.distributed as dist
 
-from ..config import AlgoConfig, Config
+from ..config import Config
 from ..rollout.records import Sample
 from .ray_backend import split_even
-from .update import UpdateStats, backward_micro_batch, make_optimizer, micro_batches
+from .update import UpdateStats, make_optimizer, minibatch_update
 
 
 # ---- weights ------------------------------------------------------------------------------------------
@@ -112,65 +110,6 @@ def shard_minibatch(mb: list[Sample], world: int) -> list[list[Sample]]:
     return shards
 
 
-# ---- data-parallel update -------------------------------------------------------------------------------
-def dp_update(policy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]], normalizers: list[float],
-              n_samples: int, algo: AlgoConfig, temperature: float, reference=None,
-              allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
-    """This rank's part of one policy update: ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),
-    ``normalizers[m]`` that mini-batch's normaliser over all ranks; ``allreduce(t)`` sums ``t`` over the ranks
-    in place (None: a single rank). Returns the statistics of the whole update (the same on every rank)."""
-    stats = UpdateStats(samples=n_samples)
-    policy.model.train()
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
-    for mb, normalizer in zip(shards, normalizers):
-        optimizer.zero_grad(set_to_none=True)
-        local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
-        for micro in (micro_batches(mb, algo) if mb else []):
-            loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
-            local = [local[0] + loss_value, local[1] + ls.clipfrac, local[2] + ls.approx_kl, local[3] + ls.tokens]
-        mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
-        clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
-        if not (math.isfinite(mb_loss) and math.isfinite(grad_norm)):
-            optimizer.zero_grad(set_to_none=True)
-            stats.skipped_nonfinite += 1
-            continue
-        optimizer.step()
-        stats.optimizer_steps += 1
-        stats.grad_norm = max(stats.grad_norm, grad_norm)
-        loss_sum += mb_loss
-    stats.loss = loss_sum / max(1, stats.optimizer_steps)
-    stats.clipfrac = clip_sum / max(1, stats.tokens)
-    stats.approx_kl = kl_sum / max(1, stats.tokens)
-    optimizer.zero_grad(set_to_none=True)
-    return stats
-
-
-def _allreduce_grads(params: list[torch.nn.Parameter], local: list[float],
-                     allreduce: Callable[[torch.Tensor], None] | None) -> list[float]:
-    """Sum every parameter's gradient and the ``local`` statistics over the ranks with one all-reduce of one
-    flat float32 buffer. A parameter without a gradient on every rank keeps none (AdamW then skips it, as in
-    a single process)."""
-    if allreduce is None:
-        return local
-    dev = params[0].device
-    parts = [p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel(), device=dev)
-             for p in params]
-    has = torch.tensor([float(p.grad is not None) for p in params], device=dev)
-    flat = torch.cat(parts + [has, torch.tensor(local, dtype=torch.float32, device=dev)])
-    allreduce(flat)
-    off = 0
-    for p in params:
-        n = p.numel()
-        p.grad = flat[off:off + n].view_as(p).to(p.dtype).clone()
-        off += n
-    for p, h in zip(params, flat[off:off + len(params)].tolist()):
-        if h == 0:
-            p.grad = None
-    return flat[-len(local):].tolist()
-
-
 # ---- actors ----------------------------------------------------------------------------------------------
 @ray.remote
 class RolloutWorker:
@@ -240,6 +179,6 @@ class UpdateWorker:
                temperature: float) -> tuple[UpdateStats, int]:
         """Returns the update's statistics and the number of samples this rank trained on."""
         allreduce = (lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM)) if self.world > 1 else None
-        stats = dp_update(self.policy, self.optimizer, shards, normalizers, n_samples, self.cfg.algo, temperature,
-                          self.reference, allreduce)
+        stats = minibatch_update(self.policy, self.optimizer, shards, normalizers, n_samples, self.cfg.algo,
+                                 temperature, self.reference, allreduce)
         return stats, sum(len(s) for s in shards)

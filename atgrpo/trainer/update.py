@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -88,26 +89,42 @@ def backward_micro_batch(policy: CausalLMPolicy, micro: list[Sample], normalizer
     return loss.item(), ls
 
 
+def minibatch_normalizer(mb: list[Sample], algo: AlgoConfig) -> float:
+    """The loss normaliser of one mini-batch: its response tokens (token-mean) or its sequences (seq-mean)."""
+    return float(sum(len(s.response_ids) for s in mb)) if algo.aggregation == "token-mean" else float(len(mb))
+
+
 def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samples: list[Sample],
                   algo: AlgoConfig, temperature: float, generator: torch.Generator,
                   reference: CausalLMPolicy | None = None) -> UpdateStats:
-    """``reference``: the frozen policy of the KL penalty (needed when ``algo.kl_coef > 0``)."""
-    stats = UpdateStats(samples=len(samples))
+    """One policy's update on its step's samples (one PPO epoch of ``algo.minibatches`` optimizer steps);
+    ``reference``: the frozen policy of the KL penalty (needed when ``algo.kl_coef > 0``)."""
     if not samples:
-        return stats
+        return UpdateStats()
+    mbs = split_minibatches(samples, algo.minibatches, generator)
+    return minibatch_update(policy, optimizer, mbs, [minibatch_normalizer(mb, algo) for mb in mbs], len(samples),
+                            algo, temperature, reference)
+
+
+def minibatch_update(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],
+                     normalizers: list[float], n_samples: int, algo: AlgoConfig, temperature: float,
+                     reference: CausalLMPolicy | None = None,
+                     allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
+    """This rank's part of one policy update: ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),
+    ``normalizers[m]`` that mini-batch's normaliser over all ranks; ``allreduce(t)`` sums ``t`` over the ranks
+    in place (None: a single rank). Returns the statistics of the whole update (the same on every rank)."""
+    stats = UpdateStats(samples=n_samples)
     policy.model.train()
+    params = [p for p in policy.model.parameters() if p.requires_grad]
     loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
-    for mb in split_minibatches(samples, algo.minibatches, generator):
-        tokens = sum(len(s.response_ids) for s in mb)
-        normalizer = float(tokens) if algo.aggregation == "token-mean" else float(len(mb))
+    for mb, normalizer in zip(shards, normalizers):
         optimizer.zero_grad(set_to_none=True)
-        mb_loss = 0.0
-        for micro in micro_batches(mb, algo):
+        local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
+        for micro in (micro_batches(mb, algo) if mb else []):
             loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
-            mb_loss += loss_value
-            clip_sum += ls.clipfrac
-            kl_sum += ls.approx_kl
-            stats.tokens += ls.tokens
+            local = [local[0] + loss_value, local[1] + ls.clipfrac, local[2] + ls.approx_kl, local[3] + ls.tokens]
+        mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
+        clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
         if not (math.isfinite(mb_loss) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)
@@ -122,3 +139,27 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
     stats.approx_kl = kl_sum / max(1, stats.tokens)
     optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def _allreduce_grads(params: list[torch.nn.Parameter], local: list[float],
+                     allreduce: Callable[[torch.Tensor], None] | None) -> list[float]:
+    """Sum every parameter's gradient and the ``local`` statistics over the ranks with one all-reduce of one
+    flat float32 buffer. A parameter without a gradient on every rank keeps none (AdamW then skips it, as in
+    a single process)."""
+    if allreduce is None:
+        return local
+    dev = params[0].device
+    parts = [p.grad.detach().reshape(-1).float() if p.grad is not None else torch.zeros(p.numel(), device=dev)
+             for p in params]
+    has = torch.tensor([float(p.grad is not None) for p in params], device=dev)
+    flat = torch.cat(parts + [has, torch.tensor(local, dtype=torch.float32, device=dev)])
+    allreduce(flat)
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[off:off + n].view_as(p).to(p.dtype).clone()
+        off += n
+    for p, h in zip(params, flat[off:off + len(params)].tolist()):
+        if h == 0:
+            p.grad = None
+    return flat[-len(local):].tolist()
