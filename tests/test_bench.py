@@ -97,3 +97,27 @@ def test_game_config_files_match_the_learning_bench():
             assert path.exists(), f"{path} missing; {hint}"
             assert load_config(str(path)) == load_config(None, row_overrides(task, row)), f"{path} differs; {hint}"
             assert (load_config(str(path)).train.steps == 0) == (row in ("single agent", "MAS (no RL)"))
+
+
+
+def test_learning_bench_rejects_unknown_tasks_before_running(tmp_path, capsys):
+    from atgrpo.cli import main
+
+    assert main(["bench", "learning", "--quick", "--tasks", "plan_path,chess", "--out", str(tmp_path)]) == 2
+    assert "chess" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_learning_bench_reports_a_failed_cell_and_keeps_the_others(tmp_path, monkeypatch):
+    """A cell that raises (here: a 1x1 Plan-Path grid, refused by the env) is listed as failed and left out of
+    the table; the other cells finish and are tabled."""
+    from atgrpo.bench import learning
+
+    monkeypatch.setitem(learning.TASKS, "broken", ["env.name=plan_path", "env.kwargs.size=1"])
+    result = learning.run_learning_bench(str(tmp_path), "quick", tasks=["plan_path", "broken"], progress=False)
+    assert len(result["failed"]) == len(learning.RL_METHODS)
+    assert all(f["task"] == "broken" and f["error"] for f in result["failed"])
+    assert len(result["runs"]) == len(learning.RL_METHODS)
+    assert all("plan_path" in cells and "broken" not in cells for cells in result["table"].values())
+    assert "FAILED" in (tmp_path / "results.md").read_text()
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == len(learning.RL_METHODS)

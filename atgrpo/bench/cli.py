@@ -47,11 +47,11 @@ def run(args) -> int:
         from .learning import run_learning_bench
 
         out = args.out if args.out != "bench_out" else "bench_out/learning"
-        run_learning_bench(out, "quick" if args.quick else "default",
-                           args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs)
+        result = run_learning_bench(out, "quick" if args.quick else "default",
+                                    args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs)
         with open(f"{out}/results.md") as f:
             print(f.read())
-        return 0
+        return 1 if result["failed"] else 0
     import torch
 
     from ..policies import TinyModelConfig

@@ -78,32 +78,50 @@ def run_cell(items: list[str], run_dir: str) -> dict[str, Any]:
 def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None = None,
                        seeds: int | None = None, jobs: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Run the table: every (task, method, seed) cell as its own training, ``jobs`` at a time (default: one per
-    core), each in a fresh process with one torch thread."""
+    core), each in a fresh process with one torch thread. A cell that raises is reported (``result["failed"]``)
+    and left out of the table; the others go on. ``runs.jsonl`` gets each cell as it finishes."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
+    from ..config import ConfigError
+
     tasks = tasks or list(TASKS)
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        raise ConfigError(f"unknown learning-bench task(s) {', '.join(unknown)}; choose from: {', '.join(TASKS)}")
     n_seeds = seeds or SIZES[size]["seeds"]
     jobs = jobs or os.cpu_count() or 1
     os.makedirs(out, exist_ok=True)
     cells = [(task, method, seed) for task in tasks for method in RL_METHODS for seed in range(n_seeds)]
     runs: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     start = time.time()
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool, \
+            open(os.path.join(out, "runs.jsonl"), "w") as log:  # one line per finished cell, as they finish
         futures = {pool.submit(run_cell, cell_overrides(task, method, size, seed),
                                os.path.join(out, "runs", f"{task}-{_slug(method)}-seed{seed}")): (task, method, seed)
                    for task, method, seed in cells}
         for fut in as_completed(futures):
             task, method, seed = futures[fut]
-            runs.append({"task": task, "method": method, "seed": seed, **fut.result()})
+            cell = {"task": task, "method": method, "seed": seed}
+            try:
+                r = {**cell, **fut.result()}
+            except Exception as e:  # one failed cell must not lose the others: report it, go on
+                failed.append({**cell, "error": f"{type(e).__name__}: {e}"})
+                print(f"[{len(runs) + len(failed)}/{len(cells)}] {task:<9} {method:<34} seed {seed}: FAILED: "
+                      f"{failed[-1]['error']}", flush=True)
+                continue
+            runs.append(r)
+            log.write(json.dumps(r) + "\n")
+            log.flush()
             if progress:
-                r = runs[-1]
-                print(f"[{len(runs)}/{len(cells)}] {task:<9} {method:<34} seed {seed}: "
+                print(f"[{len(runs) + len(failed)}/{len(cells)}] {task:<9} {method:<34} seed {seed}: "
                       f"{r['before']:.2f} -> {r['after']:.2f} ({r['seconds']:.0f}s; {(time.time() - start) / 60:.1f} "
                       f"min so far)", flush=True)
     runs.sort(key=lambda r: cells.index((r["task"], r["method"], r["seed"])))
     table = _table(runs, tasks)
     result = {"size": size, "seeds": n_seeds, "tasks": tasks, "jobs": jobs, "table": table, "runs": runs,
+              "failed": failed,
               "wall_seconds": time.time() - start,
               "command": (f"atgrpo bench learning{' --quick' if size == 'quick' else ''}"
                           f"{f' --seeds {seeds}' if seeds else ''}"
@@ -195,8 +213,10 @@ def markdown(result: dict[str, Any]) -> str:
     tasks = result["tasks"]
     lines = [f"Held-out greedy success (%), mean ± std over {result['seeds']} seed(s); "
              f"command: `{result['command']}`; {result['wall_seconds'] / 60:.1f} min "
-             f"({result.get('jobs', 1)} runs at a time).", "",
-             "| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+             f"({result.get('jobs', 1)} runs at a time).", ""]
+    for f in result.get("failed", []):
+        lines.append(f"**FAILED, left out of the table**: {f['task']} / {f['method']} / seed {f['seed']}: {f['error']}")
+    lines += ["| method | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
     for row, cells in result["table"].items():
         vals = [f"{100 * cells[t]['mean']:.1f} ± {100 * cells[t]['std']:.1f}" if t in cells else "-" for t in tasks]
         lines.append(f"| {row} | " + " | ".join(vals) + " |")
