@@ -251,29 +251,62 @@ def test_empirical_distribution_matches_softmax_at_temperature():
     assert torch.allclose(lp, torch.log(p[first]), atol=1e-4)
 
 
-def test_reserved_cache_samples_what_dynamic_cache_samples(monkeypatch):
-    """The in-place cache (kv_cache.py) holds the values DynamicCache would: same tokens, same log-probs, with
-    rows dropping out early and a reservation too small (so it has to regrow)."""
+def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
+    """Cascade attention (cascade.py) and the in-place cache (kv_cache.py) compute what DynamicCache does: same
+    tokens, same log-probs, with rows dropping out early and a reservation too small (so it has to regrow)."""
     from transformers import DynamicCache
 
     import atgrpo.policies.causal_lm as causal_lm
     from atgrpo.policies.kv_cache import ReservedCache
 
     pol = _policy(2)
+    assert pol.cascade  # the tiny policy is a Llama: cascade decoding is on by default
     handle = _bias_logits(pol, {EOS: 3.0})
     ids = [pol.encode(p) for p in PROMPTS]
     runs = {}
     try:
-        for name, factory in {"reserved": ReservedCache, "regrowing": lambda cap: ReservedCache(4),
-                              "dynamic": lambda cap: DynamicCache()}.items():
+        for name, cascade, factory in [("cascade", True, ReservedCache), ("reserved", False, ReservedCache),
+                                       ("regrowing", False, lambda cap: ReservedCache(4)),
+                                       ("dynamic", False, lambda cap: DynamicCache())]:
             monkeypatch.setattr(causal_lm, "ReservedCache", factory)
+            pol.cascade = cascade
             comps = pol.generate(ids, 5, 1.0, 25, torch.Generator().manual_seed(7))
             runs[name] = [(c.ids, c.logprobs, c.finished) for row in comps for c in row]
     finally:
         handle.remove()
     assert len({len(ids) for ids, _, _ in runs["dynamic"]}) >= 4  # rows really stopped at different steps
-    for name in ("reserved", "regrowing"):
-        assert [i for i, _, _ in runs[name]] == [i for i, _, _ in runs["dynamic"]]
-        assert [f for _, _, f in runs[name]] == [f for _, _, f in runs["dynamic"]]
+    for name in ("cascade", "reserved", "regrowing"):
+        assert [i for i, _, _ in runs[name]] == [i for i, _, _ in runs["dynamic"]], name
+        assert [f for _, _, f in runs[name]] == [f for _, _, f in runs["dynamic"]], name
         for (_, a, _), (_, b, _) in zip(runs[name], runs["dynamic"]):
-            assert a == pytest.approx(b, abs=1e-5)
+            assert a == pytest.approx(b, abs=1e-5), name
+
+
+def test_cascade_only_on_full_attention_architectures():
+    from types import SimpleNamespace as NS
+
+    from atgrpo.policies.cascade import supports
+
+    assert supports(NS(model_type="llama")) and supports(NS(model_type="qwen3", layer_types=["full_attention"] * 2))
+    assert not supports(NS(model_type="qwen3", layer_types=["full_attention", "sliding_attention"]))
+    assert not supports(NS(model_type="qwen2", use_sliding_window=True))
+    assert not supports(NS(model_type="gemma2"))
+
+
+def test_cascade_with_grouped_query_attention():
+    """Fewer key/value heads than query heads (SmolLM2, Qwen3): cascade decoding still equals the plain cache."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    pol = CausalLMPolicy("p", LlamaForCausalLM(cfg), ByteTokenizer())
+    ids = [pol.encode(p) for p in PROMPTS]
+    out = {}
+    for flag in (True, False):
+        pol.cascade = flag
+        comps = pol.generate(ids, 4, 1.0, 12, torch.Generator().manual_seed(3))
+        out[flag] = [(c.ids, c.logprobs) for row in comps for c in row]
+    assert [i for i, _ in out[True]] == [i for i, _ in out[False]]
+    for (_, a), (_, b) in zip(out[True], out[False]):
+        assert a == pytest.approx(b, abs=1e-5)

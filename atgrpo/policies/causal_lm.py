@@ -4,19 +4,24 @@ Sampling is plain temperature sampling, nothing else (no top-p, top-k or repetit
 log-probabilities stored at sampling time and those the loss computes come from the same distribution
 ``softmax(logits / T)`` (REFERENCE section 7, mistake 4). ``temperature=0`` means greedy decoding (eval).
 
-Generation prefills each distinct prompt once and expands its KV cache ``n`` ways into a cache with the whole
-length reserved (``kv_cache.py``: decode steps write in place), and rows that have emitted EOS are dropped from
-the cache so they stop costing compute.
+Generation prefills each distinct prompt once; its ``n`` branches then decode with cascade attention
+(``cascade.py``: the prompt's keys/values stay one copy, read once per step for all its branches) or, on
+architectures where that is not known to be exact, from a K-way expanded cache with the whole length reserved
+(``kv_cache.py``: decode steps write in place). Rows that have emitted EOS are dropped so they stop costing
+compute.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from . import cascade
+from .cascade import CascadeCache
 from .kv_cache import ReservedCache
 from .tokenizer import ByteTokenizer
 
@@ -46,6 +51,9 @@ class CausalLMPolicy:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         # prefill needs the last position's logits only; a (B, L, V) tensor is GBs for big vocabularies
         self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        # decode with cascade attention (cascade.py) on the architectures it is tested on; else one cache copy
+        # per branch (ReservedCache)
+        self.cascade = cascade.supports(base.config)
 
     # ---- prompts --------------------------------------------------------------------------------------
     def render(self, prompt: str | list[dict[str, str]]) -> str:
@@ -89,11 +97,15 @@ class CausalLMPolicy:
             attn[i, Lp - len(p):] = 1
         input_ids, attn = input_ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
-        cache = ReservedCache(Lp + max_new_tokens)  # written in place each step: no per-step copy of the prompt
+        if self.cascade:  # each prompt's keys stay one copy, read once per decode step for its n branches
+            cache = CascadeCache(attn, n, max_new_tokens)
+        else:  # the whole length reserved: decode steps write in place, no per-step copy of the prompt
+            cache = ReservedCache(Lp + max_new_tokens)
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          **{self._cache_kw: cache}, **self._last_logits_only)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
-        cache.batch_repeat_interleave(n)
+        if not self.cascade:
+            cache.batch_repeat_interleave(n)
         attn = attn.repeat_interleave(n, 0)
         next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (R,)
         R = B * n
@@ -113,11 +125,14 @@ class CausalLMPolicy:
                 break
             if bool(finished.any()):  # drop finished rows: they stop costing compute
                 keep = (~finished).nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
+                cache.select_rows(keep) if self.cascade else cache.batch_select_indices(keep)
                 rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                             use_cache=True, **{self._cache_kw: cache})
+            with cascade.decoding(self.model, cache) if self.cascade else contextlib.nullcontext():
+                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                                 use_cache=True, **{self._cache_kw: cache})
+            if self.cascade:
+                cache.generated += 1
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
         self.model.train(was_training)
