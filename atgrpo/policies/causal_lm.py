@@ -97,14 +97,15 @@ class CausalLMPolicy:
             attn[i, Lp - len(p):] = 1
         input_ids, attn = input_ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
-        if self.cascade:  # each prompt's keys stay one copy, read once per decode step for its n branches
+        shared = self.cascade and n > 1  # each prompt's keys one copy, read once per step for its n branches
+        if shared:
             cache = CascadeCache(attn, n, max_new_tokens)
         else:  # the whole length reserved: decode steps write in place, no per-step copy of the prompt
             cache = ReservedCache(Lp + max_new_tokens)
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          **{self._cache_kw: cache}, **self._last_logits_only)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
-        if not self.cascade:
+        if not shared:
             cache.batch_repeat_interleave(n)
         attn = attn.repeat_interleave(n, 0)
         next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (R,)
@@ -125,13 +126,13 @@ class CausalLMPolicy:
                 break
             if bool(finished.any()):  # drop finished rows: they stop costing compute
                 keep = (~finished).nonzero().squeeze(1)
-                cache.select_rows(keep) if self.cascade else cache.batch_select_indices(keep)
+                cache.select_rows(keep) if shared else cache.batch_select_indices(keep)
                 rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
             attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-            with cascade.decoding(self.model, cache) if self.cascade else contextlib.nullcontext():
+            with cascade.decoding(self.model, cache) if shared else contextlib.nullcontext():
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
                                  use_cache=True, **{self._cache_kw: cache})
-            if self.cascade:
+            if shared:
                 cache.generated += 1
             logits = out.logits[:, -1].float()
             next_pos = next_pos + 1
