@@ -49,6 +49,16 @@ def _changed(before, model) -> set[str]:
     return {n for n in before if not torch.equal(before[n], now[n])}
 
 
+def _two_l2_steps(st) -> tuple[dict[str, torch.Tensor], set[str], dict[str, float]]:
+    """Two train steps of an L2 (per-role LoRA) state: the weights before, the names that changed, and the
+    optimizer steps each role's policy took."""
+    shared = st.policies["tool"].model.peft
+    before = _snapshot(shared)
+    rows = [train_step(st, step)[0] for step in (1, 2)]
+    steps = {pid: sum(r[f"update/{pid}/optimizer_steps"] for r in rows) for pid in ("tool", "plan")}
+    return before, _changed(before, shared), steps
+
+
 def _perturb_adapter(policy, std=0.3, seed=1):
     """Give an adapter non-zero B matrices (a fresh LoRA adapter is the identity), so that it matters."""
     g = torch.Generator().manual_seed(seed)
@@ -169,13 +179,9 @@ def test_l2_every_call_uses_its_roles_adapter_whatever_ran_before():
 
 def test_l2_two_train_steps_change_each_adapter_not_the_base():
     st = _state("policy.sharing=L2", "algo.lr=1e-2")
-    shared = st.policies["tool"].model.peft
-    before = _snapshot(shared)
-    rows = [train_step(st, step)[0] for step in (1, 2)]
-    changed = _changed(before, shared)
+    before, changed, steps = _two_l2_steps(st)
     for pid in ("tool", "plan"):
-        steps = sum(r[f"update/{pid}/optimizer_steps"] for r in rows)
-        assert steps > 0 and any(f".{pid}." in n for n in changed), (pid, steps)
+        assert steps[pid] > 0 and any(f".{pid}." in n for n in changed), (pid, steps[pid])
     assert all("lora_" in n for n in changed)
 
 
@@ -326,14 +332,10 @@ def test_smollm2_lora_two_at_grpo_steps_change_each_adapter_not_the_base():
                                  "warmstart.enabled=false", "seed=0"])
     st = build_state(cfg)
     assert "<|im_start|>assistant" in st.policies["tool"].render([{"role": "user", "content": "hi"}])
-    shared = st.policies["tool"].model.peft
-    before = _snapshot(shared)
-    rows = [train_step(st, step)[0] for step in (1, 2)]
-    changed = _changed(before, shared)
+    before, changed, steps = _two_l2_steps(st)
     for pid in ("tool", "plan"):
-        steps = sum(r[f"update/{pid}/optimizer_steps"] for r in rows)
         n_adapter = sum(f".{pid}." in n for n in before)
-        assert steps > 0, f"{pid}: every group had equal rewards (no update); pick another seed"
+        assert steps[pid] > 0, f"{pid}: every group had equal rewards (no update); pick another seed"
         assert sum(f".{pid}." in n for n in changed) == n_adapter, pid
     assert all("lora_" in n for n in changed), "base weights changed"
 

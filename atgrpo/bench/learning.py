@@ -70,9 +70,10 @@ def run_cell(items: list[str], run_dir: str) -> dict[str, Any]:
 
     t = time.time()
     summary = train(load_config(None, items), run_dir, progress=False)
+    curve, samples = _curve_and_samples(run_dir, summary)
     return {"overrides": items, "before": summary["eval_before"]["success_rate"],
-            "after": summary["eval_after"]["success_rate"], "curve": _eval_curve(run_dir, summary),
-            "samples": _samples(run_dir), "seconds": time.time() - t}
+            "after": summary["eval_after"]["success_rate"], "curve": curve, "samples": samples,
+            "seconds": time.time() - t}
 
 
 def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None = None,
@@ -181,19 +182,17 @@ def _slug(method: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in method.lower()).strip("_")
 
 
-def _eval_curve(run_dir: str, summary: dict[str, Any]) -> list[tuple[int, float]]:
-    curve = [(0, summary["eval_before"]["success_rate"])]
+def _curve_and_samples(run_dir: str, summary: dict[str, Any]) -> tuple[list[tuple[int, float]], int]:
+    """From one read of metrics.jsonl: the held-out success curve (step 0 = before RL) and the responses
+    sampled over the run (its sample budget)."""
+    curve, samples = [(0, summary["eval_before"]["success_rate"])], 0
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         for line in f:
             row = json.loads(line)
+            samples += row.get("rollout/samples", 0)
             if "eval/success_rate" in row:
                 curve.append((row["step"], row["eval/success_rate"]))
-    return curve
-
-
-def _samples(run_dir: str) -> int:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return int(sum(json.loads(line).get("rollout/samples", 0) for line in f))
+    return curve, int(samples)
 
 
 def _table(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, dict[str, dict[str, float]]]:

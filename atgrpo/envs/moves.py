@@ -10,9 +10,18 @@ from __future__ import annotations
 import re
 
 DELTAS = {"U": (-1, 0), "D": (1, 0), "L": (0, -1), "R": (0, 1)}
+PROPOSAL_SHOWN = 40  # moves of the tool's proposal shown to the plan agent in compact prompts
 _WORDS = {"UP": "U", "DOWN": "D", "LEFT": "L", "RIGHT": "R", "U": "U", "D": "D", "L": "L", "R": "R"}
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
 _TOKENS = re.compile(r"[A-Za-z]+")
+
+
+def solving_proposal(agent: str, moves: str | None, solved: bool) -> str | None:
+    """What the scripted plan agent does with the tool's proposal: execute it when its simulation solved the
+    task and the compact prompt shows it whole (a teammate's solution is used, not re-derived); else None."""
+    if agent == "plan" and moves and solved and len(moves) <= PROPOSAL_SHOWN:
+        return moves
+    return None
 
 
 def parse_moves(text: str, max_moves: int) -> tuple[list[str], bool]:

@@ -23,10 +23,9 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
-from .moves import DELTAS, parse_moves
+from .moves import DELTAS, PROPOSAL_SHOWN, parse_moves, solving_proposal
 
 FORMAT_PENALTY = -1.0
-PROPOSAL_SHOWN = 40  # moves of the tool's proposal shown in the compact prompt
 STEP_COST = 0.01
 INVALID_PENALTY = 0.1
 GOAL_BONUS = 1.0
@@ -155,12 +154,11 @@ class PlanPathEnv(MultiAgentEnv):
 
     def expert_action(self, agent: str) -> str:
         """The plan agent repeats the tool's proposal when its simulation reached the goal (a teammate's
-        solution is used, not re-derived; it is shown whole up to ``PROPOSAL_SHOWN`` moves); otherwise, and for
+        solution is used, not re-derived: ``moves.solving_proposal``); otherwise, and for
         the tool, a BFS shortest path from the current position."""
         p = self.proposal
-        if agent == "plan" and p is not None and p[2] and len(p[0]) <= PROPOSAL_SHOWN:
-            return p[0]
-        return bfs_path(self.size, self.walls, self.pos, self.goal) or ""
+        teammate = solving_proposal(agent, p and p[0], bool(p and p[2]))
+        return teammate or bfs_path(self.size, self.walls, self.pos, self.goal) or ""
 
     def answer_alphabet(self) -> str:
         return "UDLR"

@@ -32,7 +32,7 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
-from .moves import DELTAS, parse_moves
+from .moves import DELTAS, PROPOSAL_SHOWN, parse_moves, solving_proposal
 
 FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 STEP_COST = 0.01
@@ -43,7 +43,6 @@ SHAPING = 0.1
 SOLVE_BONUS = 10.0
 WALL_PROB = 0.12  # chance that an interior cell is a wall
 SOLVER_CAP = 200_000  # most (player, boxes) states the solver visits before giving up
-PROPOSAL_SHOWN = 40  # moves of the tool's proposal shown in the compact prompt
 
 Pos = tuple[int, int]
 Boxes = tuple[Pos, ...]  # always sorted, so that equal box sets compare equal
@@ -271,12 +270,11 @@ class SokobanEnv(MultiAgentEnv):
 
     def expert_action(self, agent: str) -> str:
         """The plan agent repeats the tool's proposal when its simulation solved the puzzle (a teammate's
-        solution is used, not re-derived; it is shown whole up to ``PROPOSAL_SHOWN`` moves); otherwise, and for
+        solution is used, not re-derived: ``moves.solving_proposal``); otherwise, and for
         the tool, the BFS solver's shortest move string from the current state ('' when it finds none)."""
         p = self.proposal
-        if agent == "plan" and p is not None and p[3] and len(p[0]) <= PROPOSAL_SHOWN:
-            return p[0]
-        return self.room.solve(self.player, self.boxes) or ""
+        teammate = solving_proposal(agent, p and p[0], bool(p and p[3]))
+        return teammate or self.room.solve(self.player, self.boxes) or ""
 
     def answer_alphabet(self) -> str:
         return "UDLR"

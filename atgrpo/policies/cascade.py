@@ -50,7 +50,8 @@ class CascadeLayer(CacheLayerMixin):
         super().__init__()
         self.cache = cache
         self.prompt_k = self.prompt_v = None  # (B, Hkv, P, D)
-        self.own_k = self.own_v = None  # (R, Hkv, capacity, D)
+        self.own_k = self.own_v = None  # (R, Hkv, max_new_tokens, D)
+        self.generated = 0  # tokens written per branch (the same for every live branch)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.is_initialized = True
@@ -61,22 +62,22 @@ class CascadeLayer(CacheLayerMixin):
         if self.prompt_k is None:  # prefill: the prompts, attended by the model's own attention
             self.prompt_k, self.prompt_v = key_states, value_states
             return key_states, value_states
-        t = self.cache.generated
+        t = self.generated
         if self.own_k is None:
             R, H, _, D = key_states.shape
             shape = (R, H, self.cache.max_new_tokens, D)
             self.own_k, self.own_v = key_states.new_empty(shape), value_states.new_empty(shape)
         self.own_k[:, :, t:t + 1] = key_states
         self.own_v[:, :, t:t + 1] = value_states
+        self.generated = t + 1
         return self.own_k[:, :, :t + 1], self.own_v[:, :, :t + 1]
 
-    def select_rows(self, keep: torch.Tensor) -> None:
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.own_k is not None:
-            self.own_k, self.own_v = self.own_k[keep], self.own_v[keep]
+            self.own_k, self.own_v = self.own_k[indices], self.own_v[indices]
 
     def get_seq_length(self) -> int:
-        prompt = 0 if self.prompt_k is None else self.prompt_k.shape[-2]
-        return prompt + self.cache.generated
+        return (0 if self.prompt_k is None else self.prompt_k.shape[-2]) + self.generated
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -86,35 +87,35 @@ class CascadeLayer(CacheLayerMixin):
 
 
 class CascadeCache(Cache):
-    """The cache of one ``generate`` call. ``row_prompt[r]``: the prompt of live branch ``r``; ``prompt_mask``
-    (B, P): the prompts' real (non-padding) positions; ``generated``: tokens generated so far per branch."""
+    """The cache of one ``generate`` call, with the batch operations of any cache: ``batch_repeat_interleave(n)``
+    after the prefill makes ``n`` branches per prompt (no copy: it only records ``row_prompt[r]``, the prompt of
+    live branch ``r``), ``batch_select_indices`` drops finished branches. ``prompt_mask`` (B, P): the prompts'
+    real (non-padding) positions."""
 
-    def __init__(self, prompt_mask: torch.Tensor, n: int, max_new_tokens: int):
+    def __init__(self, prompt_mask: torch.Tensor, max_new_tokens: int):
         super().__init__(layer_class_to_replicate=lambda: CascadeLayer(self))
         self.prompt_mask = prompt_mask.bool()
         self.max_new_tokens = max_new_tokens
-        self.generated = 0
-        B = prompt_mask.shape[0]
-        self.row_prompt = torch.arange(B, device=prompt_mask.device).repeat_interleave(n)
-        self._layout()
+        self._set_rows(torch.arange(prompt_mask.shape[0], device=prompt_mask.device))
 
-    def select_rows(self, keep: torch.Tensor) -> None:
-        """Keep only the branches ``keep`` (indices into the live rows), in order."""
-        self.row_prompt = self.row_prompt[keep]
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._set_rows(self.row_prompt.repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
         for layer in self.layers:
-            layer.select_rows(keep)
-        self._layout()
+            layer.batch_select_indices(indices)
+        self._set_rows(self.row_prompt[indices])
 
-    def _layout(self) -> None:
-        """Slot of each live row within its prompt's group (rows stay sorted by prompt)."""
-        rp = self.row_prompt
-        counts = torch.bincount(rp, minlength=self.prompt_mask.shape[0])
+    def _set_rows(self, row_prompt: torch.Tensor) -> None:
+        """The live rows' prompts, and each row's slot within its prompt's group (rows stay sorted by prompt)."""
+        counts = torch.bincount(row_prompt, minlength=self.prompt_mask.shape[0])
         starts = torch.cumsum(counts, 0) - counts
-        self.slot = torch.arange(len(rp), device=rp.device) - starts[rp]
-        self.k_max = int(counts.max()) if len(rp) else 0
+        self.row_prompt = row_prompt
+        self.slot = torch.arange(len(row_prompt), device=row_prompt.device) - starts[row_prompt]
+        self.k_max = int(counts.max()) if len(row_prompt) else 0
 
 
-_ACTIVE: list[CascadeCache] = []  # the cache of the decode step running now (set by ``decoding``)
+_ACTIVE: list[CascadeCache] = []  # the cache of the decode steps running now (set by ``decoding``)
 
 
 @contextlib.contextmanager
@@ -133,8 +134,17 @@ def decoding(model, cache: CascadeCache) -> Iterator[None]:
             c._attn_implementation = s
 
 
-def _repeat_heads(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+def _scores(q: torch.Tensor, k: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``q @ k^T`` per head: q (N, H, M, D), k (N, H / n_rep, S, D) -> (N, H, M, S). Grouped-query attention
+    without repeating k: the n_rep query heads of a key head are stacked as rows against it."""
+    N, H, M, D = q.shape
+    return (q.reshape(N, H // n_rep, n_rep * M, D) @ k.transpose(-1, -2)).reshape(N, H, M, -1)
+
+
+def _weighted(e: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """``e @ v`` per head: e (N, H, M, S), v (N, H / n_rep, S, D) -> (N, H, M, D), v not repeated."""
+    N, H, M, S = e.shape
+    return (e.reshape(N, H // n_rep, n_rep * M, S) @ v).reshape(N, H, M, -1)
 
 
 def cascade_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -148,18 +158,18 @@ def cascade_attention(module, query, key, value, attention_mask, scaling=None, d
     # prompt part, grouped: (B, H, K_max, D) queries against each prompt's keys, read once
     qg = query.new_zeros((B, H, cache.k_max, D))
     qg[cache.row_prompt, :, cache.slot] = query[:, :, 0]
-    s_p = (qg @ _repeat_heads(layer.prompt_k, n_rep).transpose(-1, -2)) * scale  # (B, H, K_max, P)
+    s_p = _scores(qg, layer.prompt_k, n_rep) * scale  # (B, H, K_max, P)
     s_p = s_p.masked_fill(~cache.prompt_mask[:, None, None, :], float("-inf"))
     m_p = s_p.amax(-1, keepdim=True)
     e_p = torch.exp(s_p - m_p)
-    o_p = e_p @ _repeat_heads(layer.prompt_v, n_rep)  # (B, H, K_max, D)
+    o_p = _weighted(e_p, layer.prompt_v, n_rep)  # (B, H, K_max, D)
     l_p = e_p.sum(-1, keepdim=True)
     m_p, l_p, o_p = (x[cache.row_prompt, :, cache.slot][:, :, None] for x in (m_p, l_p, o_p))  # (R, H, 1, .)
     # own part: each branch against its generated keys (all live branches have the same count)
-    s_r = (query @ _repeat_heads(key, n_rep).transpose(-1, -2)) * scale  # (R, H, 1, t)
+    s_r = _scores(query, key, n_rep) * scale  # (R, H, 1, t)
     m_r = s_r.amax(-1, keepdim=True)
     e_r = torch.exp(s_r - m_r)
-    o_r = e_r @ _repeat_heads(value, n_rep)
+    o_r = _weighted(e_r, value, n_rep)
     l_r = e_r.sum(-1, keepdim=True)
     m = torch.maximum(m_p, m_r)
     w_p, w_r = torch.exp(m_p - m), torch.exp(m_r - m)

@@ -98,44 +98,39 @@ class CausalLMPolicy:
         input_ids, attn = input_ids.to(dev), attn.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
         shared = self.cascade and n > 1  # each prompt's keys one copy, read once per step for its n branches
-        if shared:
-            cache = CascadeCache(attn, n, max_new_tokens)
-        else:  # the whole length reserved: decode steps write in place, no per-step copy of the prompt
-            cache = ReservedCache(Lp + max_new_tokens)
+        # else the whole length reserved: decode steps write in place, no per-step copy of the prompt
+        cache = CascadeCache(attn, max_new_tokens) if shared else ReservedCache(Lp + max_new_tokens)
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
                          **{self._cache_kw: cache}, **self._last_logits_only)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
-        if not shared:
-            cache.batch_repeat_interleave(n)
+        cache.batch_repeat_interleave(n)
         attn = attn.repeat_interleave(n, 0)
         next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (R,)
         R = B * n
         rows = torch.arange(R, device=dev)  # which output row each live cache row belongs to
         out_tok = torch.full((R, max_new_tokens), -1, dtype=torch.long, device=dev)  # -1: not generated
         out_lp = torch.zeros((R, max_new_tokens), device=dev)
-        for step in range(max_new_tokens):
-            if temperature > 0:
-                logp_all = F.log_softmax(logits / temperature, dim=-1)
-                tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (A,)
-                out_lp[rows, step] = logp_all.gather(1, tok[:, None]).squeeze(1)
-            else:
-                tok = logits.argmax(-1)
-            out_tok[rows, step] = tok
-            finished = tok == self.eos_id
-            if step == max_new_tokens - 1 or bool(finished.all()):
-                break
-            if bool(finished.any()):  # drop finished rows: they stop costing compute
-                keep = (~finished).nonzero().squeeze(1)
-                cache.select_rows(keep) if shared else cache.batch_select_indices(keep)
-                rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-            attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-            with cascade.decoding(self.model, cache) if shared else contextlib.nullcontext():
+        with cascade.decoding(self.model, cache) if shared else contextlib.nullcontext():
+            for step in range(max_new_tokens):
+                if temperature > 0:
+                    logp_all = F.log_softmax(logits / temperature, dim=-1)
+                    tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (A,)
+                    out_lp[rows, step] = logp_all.gather(1, tok[:, None]).squeeze(1)
+                else:
+                    tok = logits.argmax(-1)
+                out_tok[rows, step] = tok
+                finished = tok == self.eos_id
+                if step == max_new_tokens - 1 or bool(finished.all()):
+                    break
+                if bool(finished.any()):  # drop finished rows: they stop costing compute
+                    keep = (~finished).nonzero().squeeze(1)
+                    cache.batch_select_indices(keep)
+                    rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
+                attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
                                  use_cache=True, **{self._cache_kw: cache})
-            if shared:
-                cache.generated += 1
-            logits = out.logits[:, -1].float()
-            next_pos = next_pos + 1
+                logits = out.logits[:, -1].float()
+                next_pos = next_pos + 1
         self.model.train(was_training)
         comps = []
         for ids_row, lp_row in zip(out_tok.tolist(), out_lp.tolist()):
