@@ -33,7 +33,7 @@ ROW_ORDER = ["single agent", "single agent + GRPO", "MAS (no RL)", "MAS + AT-GRP
              "MAS + AT-GRPO per-role (L3)", "MAS + trajectory GRPO (ablation)"]
 
 # Each task's warm start is sized so the starting policy is weak but not useless (held-out success ~0.05-0.3, as
-# the paper's single agents): a stronger one leaves RL nothing to do (Plan-Path starts at 0.84 after 6 epochs).
+# the paper's single agents): a stronger one leaves RL nothing to do (Plan-Path starts at 0.79 after 6 epochs).
 TASKS: dict[str, list[str]] = {
     "plan_path": ["env.name=plan_path", "env.kwargs.size=5", "env.kwargs.wall_prob=0.2", "env.kwargs.max_turns=3"],
     "sokoban": ["env.name=sokoban", "env.kwargs.size=5", "env.kwargs.max_turns=3", "warmstart.batch_size=16",
