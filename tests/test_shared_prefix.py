@@ -72,6 +72,24 @@ def test_logp_loss_and_gradients_equal_per_sample(K, aggregation):
     assert any(g.abs().max() > 0 for g in got[3].values())
 
 
+@pytest.mark.parametrize("cascade", [True, False])
+def test_groups_of_unequal_sizes_with_and_without_cascade(cascade):
+    """Groups of 3, 1 and 5 responses (the regrouping path of cascade attention, not its equal-size view), and
+    the expanded-cache path used on architectures without cascade attention."""
+    policy = _policy(2)
+    policy.cascade = cascade
+    prompts, responses = [], []
+    for lp, K, seed in ((11, 3, 0), (4, 1, 1), (23, 5, 2)):
+        p, r = _batch([lp], K, seed=seed, shuffle=False)
+        prompts, responses = prompts + p, responses + r
+    ref = _loss_and_grads(policy, prompts, responses, False, "token-mean")
+    got = _loss_and_grads(policy, prompts, responses, True, "token-mean")
+    torch.testing.assert_close(got[0], ref[0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(got[2], ref[2], atol=ATOL, rtol=0)
+    for name, g in ref[3].items():
+        torch.testing.assert_close(got[3][name], g, atol=ATOL, rtol=1e-4, msg=f"gradient of {name}")
+
+
 def test_single_token_responses_and_one_group():
     policy = _policy(1)
     prompts, responses = _batch([9], 8, max_resp=1)

@@ -1,21 +1,23 @@
-"""Cascade attention for decoding K branches of one prompt: the prompt's keys/values are read once per prompt.
+"""Cascade attention: K branches of one prompt read the prompt's keys/values once, in decoding and in training.
 
-After the K-way expansion, a plain KV cache holds K copies of each prompt's keys/values, and every decode step
-reads all of them: with long prompts and short responses that is most of the attention's memory traffic. Here
-the cache keeps each prompt's keys/values once (``B`` rows) and each branch's own generated keys/values apart
-(``R = B * K`` rows, dropped when a branch finishes). A decode step's attention is computed in two parts and
-merged exactly by log-sum-exp:
+After a K-way expansion, a plain KV cache holds K copies of each prompt's keys/values, and every decode step
+reads all of them (and the update's response pass back-propagates into all of them): with long prompts and short
+responses that is most of the attention's memory traffic. Here the cache keeps each prompt's keys/values once
+(``G`` rows) and each branch's own keys/values apart (``R`` rows: ``generate``'s reserved buffer, dropped when a
+branch finishes, or the update's whole responses). Attention of a branch's ``M`` new positions (decode: 1; the
+update: the whole response) is computed in two parts and merged exactly by log-sum-exp:
 
-- prompt part: the live branches of prompt ``b`` are stacked as ``K_b`` queries against prompt ``b``'s keys,
-  one batched matmul ``(B, H, K_max, D) @ (B, H, D, P)`` with the prompt's padding masked;
-- own part: each branch's query against its own generated keys ``(R, H, 1, D) @ (R, H, D, t)``.
+- prompt part: the branches of prompt ``g`` are stacked as ``K_g * M`` queries against prompt ``g``'s keys, one
+  batched matmul ``(G, H, K_max * M, D) @ (G, H, D, P)`` with the prompt's padding masked;
+- own part: each branch's queries against its own keys ``(R, H, M, D) @ (R, H, D, S)``, causal.
 
-``softmax([s_p, s_r]) @ [V_p; V_r]`` equals ``(e^{m_p} O_p + e^{m_r} O_r) / (e^{m_p} l_p + e^{m_r} l_r)`` with
-each part's max ``m``, sum ``l`` and unnormalised output ``O``, so results equal plain attention up to float
-rounding (``tests/test_policy.py`` compares sampled tokens and log-probs with ``DynamicCache`` generation).
+``softmax([s_p, s_r]) @ [V_p; V_r]`` equals ``(e^{-m} O_p + e^{-m} O_r) / (e^{-m} l_p + e^{-m} l_r)`` with the
+joint max ``m``, each part's sum ``l`` and unnormalised output ``O``, so results (and, through autograd, the
+gradients) equal plain attention up to float rounding (``tests/test_policy.py`` compares sampled tokens and
+log-probs with ``DynamicCache`` generation, ``tests/test_shared_prefix.py`` gradients with one forward per sample).
 
-It plugs into transformers as an attention implementation (``ATTN_NAME``) that the policy switches on for the
-decode steps only; the prefill and every training forward use the model's own attention.
+It plugs into transformers as an attention implementation (``ATTN_NAME``) that ``active`` switches on for the
+forwards after the prefill; the prefill (the prompts) and every other forward use the model's own attention.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from typing import Iterator
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.masking_utils import sdpa_mask
 
 ATTN_NAME = "atgrpo_cascade"
 MODEL_TYPES = ("llama", "qwen2", "qwen3")  # full causal attention, rotary positions, optional GQA: tested here
@@ -62,15 +63,18 @@ class CascadeLayer(CacheLayerMixin):
         if self.prompt_k is None:  # prefill: the prompts, attended by the model's own attention
             self.prompt_k, self.prompt_v = key_states, value_states
             return key_states, value_states
-        t = self.generated
+        t, M = self.generated, key_states.shape[-2]
+        self.generated = t + M
+        if t == 0 and M == self.cache.max_new_tokens:  # the whole reservation at once (the update): no copy
+            self.own_k, self.own_v = key_states, value_states
+            return key_states, value_states
         if self.own_k is None:
             R, H, _, D = key_states.shape
             shape = (R, H, self.cache.max_new_tokens, D)
             self.own_k, self.own_v = key_states.new_empty(shape), value_states.new_empty(shape)
-        self.own_k[:, :, t:t + 1] = key_states
-        self.own_v[:, :, t:t + 1] = value_states
-        self.generated = t + 1
-        return self.own_k[:, :, :t + 1], self.own_v[:, :, :t + 1]
+        self.own_k[:, :, t:t + M] = key_states
+        self.own_v[:, :, t:t + M] = value_states
+        return self.own_k[:, :, :t + M], self.own_v[:, :, :t + M]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.own_k is not None:
@@ -87,40 +91,46 @@ class CascadeLayer(CacheLayerMixin):
 
 
 class CascadeCache(Cache):
-    """The cache of one ``generate`` call, with the batch operations of any cache: ``batch_repeat_interleave(n)``
-    after the prefill makes ``n`` branches per prompt (no copy: it only records ``row_prompt[r]``, the prompt of
-    live branch ``r``), ``batch_select_indices`` drops finished branches. ``prompt_mask`` (B, P): the prompts'
-    real (non-padding) positions."""
+    """The cache of one ``generate`` call or one shared-prefix scoring pass, with the batch operations of any
+    cache: ``batch_repeat_interleave(n)`` after the prefill makes ``n`` branches per prompt (no copy: it only
+    records ``row_prompt[r]``, the prompt of live branch ``r``), ``batch_select_indices`` drops finished
+    branches, ``set_rows`` gives groups of any sizes. ``prompt_mask`` (B, P): the prompts' real (non-padding)
+    positions; ``max_new_tokens``: the own positions reserved per branch."""
 
     def __init__(self, prompt_mask: torch.Tensor, max_new_tokens: int):
         super().__init__(layer_class_to_replicate=lambda: CascadeLayer(self))
         self.prompt_mask = prompt_mask.bool()
+        # (B, 1, 1, P) additive: 0 on the prompts' tokens, -inf on their padding
+        self.prompt_bias = torch.zeros(self.prompt_mask.shape, device=prompt_mask.device).masked_fill(
+            ~self.prompt_mask, float("-inf"))[:, None, None, :]
         self.max_new_tokens = max_new_tokens
-        self._set_rows(torch.arange(prompt_mask.shape[0], device=prompt_mask.device))
+        self.set_rows(torch.arange(prompt_mask.shape[0], device=prompt_mask.device))
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        self._set_rows(self.row_prompt.repeat_interleave(repeats))
+        self.set_rows(self.row_prompt.repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         for layer in self.layers:
             layer.batch_select_indices(indices)
-        self._set_rows(self.row_prompt[indices])
+        self.set_rows(self.row_prompt[indices])
 
-    def _set_rows(self, row_prompt: torch.Tensor) -> None:
-        """The live rows' prompts, and each row's slot within its prompt's group (rows stay sorted by prompt)."""
+    def set_rows(self, row_prompt: torch.Tensor) -> None:
+        """The live rows' prompts (sorted: a prompt's branches are neighbours), each row's slot within its
+        prompt's group, the largest group, and whether all groups have that size (then regrouping is a view)."""
         counts = torch.bincount(row_prompt, minlength=self.prompt_mask.shape[0])
         starts = torch.cumsum(counts, 0) - counts
         self.row_prompt = row_prompt
         self.slot = torch.arange(len(row_prompt), device=row_prompt.device) - starts[row_prompt]
         self.k_max = int(counts.max()) if len(row_prompt) else 0
+        self.equal_groups = bool((counts == self.k_max).all())
 
 
-_ACTIVE: list[CascadeCache] = []  # the cache of the decode steps running now (set by ``decoding``)
+_ACTIVE: list[CascadeCache] = []  # the cache of the forwards running now (set by ``active``)
 
 
 @contextlib.contextmanager
-def decoding(model, cache: CascadeCache) -> Iterator[None]:
-    """Run the enclosed decode forwards with cascade attention, then restore the model's own attention."""
+def active(model, cache: CascadeCache) -> Iterator[None]:
+    """Run the enclosed forwards (after the prefill) with cascade attention, then restore the model's own."""
     configs = [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
     saved = [c._attn_implementation for c in configs]
     _ACTIVE.append(cache)
@@ -148,34 +158,60 @@ def _weighted(e: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 def cascade_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention of one decode step (query length 1) over prompt (shared) + own (per branch) keys."""
+    """Attention of ``M`` new positions per branch (decode: 1; the update's response pass: the whole response)
+    over the branch's prompt (shared, one copy per prompt) and its own keys (causal among themselves).
+
+    query (R, H, M, D); key, value (R, Hkv, S, D): the branch's own keys so far, the last M of them new.
+    Scores, maxima and sums are float32 (as the eager attention's softmax); masks are additive biases (a
+    broadcast ``masked_fill`` is several times slower on CPU). The maxima are constants for autograd (the
+    result does not depend on them), so the backward is the plain attention's."""
     cache = _ACTIVE[-1]
     layer = cache.layers[module.layer_idx]
     n_rep = getattr(module, "num_key_value_groups", 1)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    R, H, _, D = query.shape
-    B = layer.prompt_k.shape[0]
-    # prompt part, grouped: (B, H, K_max, D) queries against each prompt's keys, read once
-    qg = query.new_zeros((B, H, cache.k_max, D))
-    qg[cache.row_prompt, :, cache.slot] = query[:, :, 0]
-    s_p = _scores(qg, layer.prompt_k, n_rep) * scale  # (B, H, K_max, P)
-    s_p = s_p.masked_fill(~cache.prompt_mask[:, None, None, :], float("-inf"))
-    m_p = s_p.amax(-1, keepdim=True)
-    e_p = torch.exp(s_p - m_p)
-    o_p = _weighted(e_p, layer.prompt_v, n_rep)  # (B, H, K_max, D)
-    l_p = e_p.sum(-1, keepdim=True)
-    m_p, l_p, o_p = (x[cache.row_prompt, :, cache.slot][:, :, None] for x in (m_p, l_p, o_p))  # (R, H, 1, .)
-    # own part: each branch against its generated keys (all live branches have the same count)
-    s_r = _scores(query, key, n_rep) * scale  # (R, H, 1, t)
-    m_r = s_r.amax(-1, keepdim=True)
-    e_r = torch.exp(s_r - m_r)
-    o_r = _weighted(e_r, value, n_rep)
-    l_r = e_r.sum(-1, keepdim=True)
-    m = torch.maximum(m_p, m_r)
-    w_p, w_r = torch.exp(m_p - m), torch.exp(m_r - m)
-    out = (o_p * w_p + o_r * w_r) / (l_p * w_p + l_r * w_r)  # (R, H, 1, D)
+    M, S = query.shape[-2], key.shape[-2]
+    q = query * (scaling if scaling is not None else query.shape[-1] ** -0.5)
+    # prompt part, grouped: the K_max * M queries of a prompt's branches against its keys, read once
+    s_p = _scores(_to_groups(cache, q, M), layer.prompt_k, n_rep).float() + cache.prompt_bias  # (G, H, KM, P)
+    # own part: each branch against its own keys, query i sees own keys up to S - M + i
+    s_r = _scores(q, key, n_rep).float()  # (R, H, M, S)
+    if M > 1:
+        s_r = s_r + _causal_bias(M, S, s_r.device)
+    with torch.no_grad():
+        m = torch.maximum(_to_rows(cache, s_p.amax(-1, keepdim=True), M), s_r.amax(-1, keepdim=True))  # (R, H, M, 1)
+    e_p = torch.exp(s_p - _to_groups(cache, m, M))
+    e_r = torch.exp(s_r - m)
+    o = (_to_rows(cache, _weighted(e_p.to(value.dtype), layer.prompt_v, n_rep), M)
+         + _weighted(e_r.to(value.dtype), value, n_rep))  # (R, H, M, D)
+    lse = _to_rows(cache, e_p.sum(-1, keepdim=True), M) + e_r.sum(-1, keepdim=True)
+    out = (o / lse).to(query.dtype)
     return out.transpose(1, 2).contiguous(), None
 
 
+def _causal_bias(M: int, S: int, device) -> torch.Tensor:
+    """(M, S): 0 where query i (the last M of S positions) may attend key j (j <= S - M + i), else -inf."""
+    allowed = torch.arange(S, device=device) <= torch.arange(S - M, S, device=device)[:, None]
+    return torch.zeros((M, S), device=device).masked_fill(~allowed, float("-inf"))
+
+
+def _to_rows(cache: "CascadeCache", x: torch.Tensor, M: int) -> torch.Tensor:
+    """Grouped ``(G, H, K_max * M, E)`` -> per branch ``(R, H, M, E)``."""
+    G, H, _, E = x.shape
+    x = x.view(G, H, cache.k_max, M, E)
+    if cache.equal_groups:
+        return x.transpose(1, 2).reshape(-1, H, M, E)
+    return x[cache.row_prompt, :, cache.slot]
+
+
+def _to_groups(cache: "CascadeCache", x: torch.Tensor, M: int) -> torch.Tensor:
+    """Per branch ``(R, H, M, E)`` -> grouped ``(G, H, K_max * M, E)`` (absent slots 0)."""
+    R, H, _, E = x.shape
+    G = cache.prompt_mask.shape[0]
+    if cache.equal_groups:
+        return x.view(G, cache.k_max, H, M, E).transpose(1, 2).reshape(G, H, -1, E)
+    out = x.new_zeros((G, H, cache.k_max, M, E))
+    out[cache.row_prompt, :, cache.slot] = x
+    return out.view(G, H, -1, E)
+
+
 AttentionInterface.register(ATTN_NAME, cascade_attention)
-AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)  # the mask is built as for sdpa, and not used
+AttentionMaskInterface.register(ATTN_NAME, lambda *args, **kwargs: None)  # masks come from the cache

@@ -110,7 +110,7 @@ class CausalLMPolicy:
         rows = torch.arange(R, device=dev)  # which output row each live cache row belongs to
         out_tok = torch.full((R, max_new_tokens), -1, dtype=torch.long, device=dev)  # -1: not generated
         out_lp = torch.zeros((R, max_new_tokens), device=dev)
-        with cascade.decoding(self.model, cache) if shared else contextlib.nullcontext():
+        with cascade.active(self.model, cache) if shared else contextlib.nullcontext():
             for step in range(max_new_tokens):
                 if temperature > 0:
                     logp_all = F.log_softmax(logits / temperature, dim=-1)

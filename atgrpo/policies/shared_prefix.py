@@ -1,13 +1,14 @@
 """Shared-prefix scoring: each distinct prompt runs forward once, its KV cache feeds all responses to it.
 
 An AT-GRPO group is K responses to one identical prompt. Scoring them one by one (``response_logprobs``) runs
-the prompt K times; here the prompt runs once, with gradients, its past keys/values are repeated K ways along
-the batch (``expand``, inside a cache layer that joins them to the responses' own keys), and the K responses run
-on top of that cache. Autograd sums the K members' gradients through the repeat back into the one prompt pass,
-so logp, loss and parameter gradients equal those of K separate forwards (up to float rounding). Linear-layer
-work drops from ``K * (P + T)`` to ``P + K * T`` tokens per group.
-Tested on Llama-architecture models (full attention, as Qwen3 by default); sliding-window attention layers are
-untested (the cache here, like ``generate``'s ``DynamicCache()``, is built without the model config).
+the prompt K times; here the prompt runs once, with gradients, and the K responses run on top of its keys/values.
+On Llama / Qwen2 / Qwen3 full-attention models the responses attend the one copy of the prompt's keys/values
+with cascade attention (``cascade.py``: the K responses' queries stacked against it, merged exactly with their
+own causal part); elsewhere the keys/values are repeated K ways along the batch (``expand``, inside a cache layer
+that joins them to the responses' own keys). Either way autograd sums the K members' gradients back into the one
+prompt pass, so logp, loss and parameter gradients equal those of K separate forwards (up to float rounding).
+Linear-layer work drops from ``K * (P + T)`` to ``P + K * T`` tokens per group; cascade attention also reads
+(and back-propagates into) each prompt's keys once instead of K times.
 
 Samples are grouped by their ``prompt_ids`` (not by group key), so any grouping key benefits whenever prompts
 repeat; a prompt seen once is simply a group of one. ``plan_chunks`` packs whole prompt groups into
@@ -18,6 +19,7 @@ right-padded; position ids count real tokens only, so padding changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -25,6 +27,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
+from . import cascade
+from .cascade import CascadeCache
 from .causal_lm import CausalLMPolicy
 
 
@@ -121,15 +125,21 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
         pattn[j, Lp - len(prompt_ids[g[0]]):] = 1
     pin, pattn = pin.to(dev), pattn.to(dev)
     ppos = (pattn.cumsum(-1) - 1).clamp(min=0)  # (G, Lp)
-    cache = DynamicCache()
+    # cascade: the responses attend each prompt's one copy of keys/values (cascade.py); else K expanded copies
+    cache = CascadeCache(pattn, T - 1) if policy.cascade else DynamicCache()
     out = model(input_ids=pin, attention_mask=pattn, position_ids=ppos, use_cache=True, logits_to_keep=1,
                 **{policy._cache_kw: cache})
     order = [i for g in groups for i in g]  # response row r holds sample order[r]
     row_group = torch.tensor([j for j, g in enumerate(groups) for _ in g], device=dev)  # (R,)
     first = out.logits[:, -1][row_group]  # (R, V): predicts response token 0
     if T > 1:
-        sizes = [len(g) for g in groups]
-        cache = Cache(layers=[_PrefixLayer(layer.keys, layer.values, sizes) for layer in cache.layers])
+        if policy.cascade:
+            cache.set_rows(row_group)
+            attending = cascade.active(model, cache)
+        else:
+            sizes = [len(g) for g in groups]
+            cache = Cache(layers=[_PrefixLayer(layer.keys, layer.values, sizes) for layer in cache.layers])
+            attending = contextlib.nullcontext()
         rin = torch.full((B, T - 1), policy.pad_id, dtype=torch.long)
         rattn = torch.zeros((B, T - 1), dtype=torch.long)
         for r, i in enumerate(order):
@@ -140,8 +150,9 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
         rin, rattn = rin.to(dev), rattn.to(dev)
         attn = torch.cat([pattn[row_group], rattn], dim=1)  # (R, Lp + T - 1)
         rpos = plens.to(dev)[row_group][:, None] + torch.arange(T - 1, device=dev)  # (R, T - 1)
-        out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True,
-                    **{policy._cache_kw: cache})
+        with attending:
+            out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True,
+                        **{policy._cache_kw: cache})
         logits = torch.cat([first[:, None], out.logits], dim=1)  # (R, T, V)
     else:
         logits = first[:, None]  # (R, 1, V)
