@@ -11,9 +11,9 @@ update: the whole response) is computed in two parts and merged exactly by log-s
   batched matmul ``(G, H, K_max * M, D) @ (G, H, D, P)`` with the prompt's padding masked;
 - own part: each branch's queries against its own keys ``(R, H, M, D) @ (R, H, D, S)``, causal.
 
-``softmax([s_p, s_r]) @ [V_p; V_r]`` equals ``(e^{-m} O_p + e^{-m} O_r) / (e^{-m} l_p + e^{-m} l_r)`` with the
-joint max ``m``, each part's sum ``l`` and unnormalised output ``O``, so results (and, through autograd, the
-gradients) equal plain attention up to float rounding (``tests/test_policy.py`` compares sampled tokens and
+With ``m`` the joint row max and ``e = exp(s - m)``, ``softmax([s_p, s_r]) @ [V_p; V_r]`` equals
+``(e_p @ V_p + e_r @ V_r) / (sum(e_p) + sum(e_r))``, so results (and, through autograd, the gradients) equal
+plain attention up to float rounding (``tests/test_policy.py`` compares sampled tokens and
 log-probs with ``DynamicCache`` generation, ``tests/test_shared_prefix.py`` gradients with one forward per sample).
 
 It plugs into transformers as an attention implementation (``ATTN_NAME``) that ``active`` switches on for the
