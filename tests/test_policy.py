@@ -251,11 +251,16 @@ def test_empirical_distribution_matches_softmax_at_temperature():
     assert torch.allclose(lp, torch.log(p[first]), atol=1e-4)
 
 
+FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
 def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
-    """Cascade attention (cascade.py) and the in-place cache (kv_cache.py) compute what DynamicCache does: same
-    tokens, same log-probs, with rows dropping out early and a reservation too small (so it has to regrow)."""
+    """Cascade attention (cascade.py: torch's fused CPU kernel, and the plain ops it uses elsewhere) and the
+    in-place cache (kv_cache.py) compute what DynamicCache does: same tokens, same log-probs, with rows dropping
+    out early and a reservation too small (so it has to regrow)."""
     from transformers import DynamicCache
 
+    import atgrpo.policies.cascade as cascade_mod
     import atgrpo.policies.causal_lm as causal_lm
     from atgrpo.policies.kv_cache import ReservedCache
 
@@ -265,17 +270,19 @@ def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
     ids = [pol.encode(p) for p in PROMPTS]
     runs = {}
     try:
-        for name, cascade, factory in [("cascade", True, ReservedCache), ("reserved", False, ReservedCache),
+        for name, cascade, factory in [("cascade", True, ReservedCache), ("cascade_plain", True, ReservedCache),
+                                       ("reserved", False, ReservedCache),
                                        ("regrowing", False, lambda cap: ReservedCache(4)),
                                        ("dynamic", False, lambda cap: DynamicCache())]:
             monkeypatch.setattr(causal_lm, "ReservedCache", factory)
+            monkeypatch.setattr(cascade_mod, "_FLASH_CPU", None if name == "cascade_plain" else FLASH_CPU)
             pol.cascade = cascade
             comps = pol.generate(ids, 5, 1.0, 25, torch.Generator().manual_seed(7))
             runs[name] = [(c.ids, c.logprobs, c.finished) for row in comps for c in row]
     finally:
         handle.remove()
     assert len({len(ids) for ids, _, _ in runs["dynamic"]}) >= 4  # rows really stopped at different steps
-    for name in ("cascade", "reserved", "regrowing"):
+    for name in ("cascade", "cascade_plain", "reserved", "regrowing"):
         assert [i for i, _, _ in runs[name]] == [i for i, _, _ in runs["dynamic"]], name
         assert [f for _, _, f in runs[name]] == [f for _, _, f in runs["dynamic"]], name
         for (_, a, _), (_, b, _) in zip(runs[name], runs["dynamic"]):

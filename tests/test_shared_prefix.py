@@ -17,6 +17,7 @@ from atgrpo.algorithms.losses import policy_loss
 from atgrpo.config import AlgoConfig, ConfigError, load_config
 from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from atgrpo.policies.shared_prefix import chunk_cost, group_by_prompt, plan_chunks, shared_prefix_logprobs
+from atgrpo.policies.tokenizer import VOCAB_SIZE
 from atgrpo.rollout.records import Sample
 from atgrpo.trainer.update import split_minibatches, update_policy
 
@@ -88,6 +89,26 @@ def test_groups_of_unequal_sizes_with_and_without_cascade(cascade):
     torch.testing.assert_close(got[2], ref[2], atol=ATOL, rtol=0)
     for name, g in ref[3].items():
         torch.testing.assert_close(got[3][name], g, atol=ATOL, rtol=1e-4, msg=f"gradient of {name}")
+
+
+def test_grouped_query_attention_with_and_without_gradients():
+    """Fewer key/value heads than query heads (SmolLM2, Qwen3): the cascade response pass with gradients (plain
+    ops) and without (torch's fused CPU kernel) equals one forward per sample."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    policy = CausalLMPolicy("p", LlamaForCausalLM(cfg), ByteTokenizer())
+    assert policy.cascade
+    prompts, responses = _batch([13, 6], 4, seed=4)
+    ref = _loss_and_grads(policy, prompts, responses, False, "token-mean")
+    got = _loss_and_grads(policy, prompts, responses, True, "token-mean")
+    torch.testing.assert_close(got[0], ref[0], atol=ATOL, rtol=0)
+    for name, g in ref[3].items():
+        torch.testing.assert_close(got[3][name], g, atol=ATOL, rtol=1e-4, msg=f"gradient of {name}")
+    with torch.no_grad():
+        torch.testing.assert_close(shared_prefix_logprobs(policy, prompts, responses, 0.7)[0], ref[0], atol=ATOL, rtol=0)
 
 
 def test_single_token_responses_and_one_group():
