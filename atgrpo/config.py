@@ -128,7 +128,6 @@ class TrainConfig:
     max_nonfinite: int = 3  # stop with an error after this many skipped non-finite updates
     threads: int = 0  # torch CPU threads (0: torch's default). 1 is steadier on a busy machine, and lets
     # several small runs share the cores (`atgrpo bench learning` runs its cells one thread each)
-    keep_freed_memory: bool = True  # glibc malloc keeps freed blocks for the next step (atgrpo/runtime.py)
 
 
 @dataclass

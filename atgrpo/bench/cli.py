@@ -23,8 +23,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-size", type=int, help="tiny model width (default: TinyModelConfig)")
     p.add_argument("--num-layers", type=int, help="tiny model depth (default: TinyModelConfig)")
     p.add_argument("--no-trl", action="store_true", help="step: time atgrpo only")
-    p.add_argument("--system-malloc", action="store_true",
-                   help="keep glibc's default malloc thresholds (default: keep freed memory, atgrpo/runtime.py)")
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
     p.add_argument("--quick", action="store_true", help="learning: the smoke-test size (1 seed, 2 steps)")
@@ -41,7 +39,7 @@ def command_line(args) -> str:
         v = getattr(args, flag)
         if v is not None:
             parts += [("-K" if flag == "K" else "--" + flag.replace("_", "-")), str(v)]
-    return " ".join(parts + (["--no-trl"] if args.no_trl else []) + (["--system-malloc"] if args.system_malloc else []))
+    return " ".join(parts + (["--no-trl"] if args.no_trl else []))
 
 
 def run(args) -> int:
@@ -57,13 +55,10 @@ def run(args) -> int:
     import torch
 
     from ..policies import TinyModelConfig
-    from ..runtime import keep_freed_memory
     from .common import PRESETS, Shape
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if not args.system_malloc:  # the same allocator settings as `atgrpo train`, for every method alike
-        keep_freed_memory()
     kw = dict(PRESETS[args.preset])
     if args.prompts:
         kw["prompts"] = args.prompts

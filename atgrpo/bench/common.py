@@ -19,7 +19,6 @@ import torch
 
 from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from ..policies.tokenizer import EOS, VOCAB_SIZE
-from ..runtime import malloc_settings
 
 PRESETS = {  # the issue's target shape, and the quickstart's (Plan-Path compact prompts are ~60-80 tokens)
     "issue": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
@@ -103,7 +102,7 @@ def machine() -> dict:
         trl_v = None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return {"nproc": os.cpu_count(), "cpu_model": cpu, "torch_threads": torch.get_num_threads(),
-            "loadavg_1m_at_start": load, "malloc": malloc_settings(), "python": platform.python_version(), "torch": torch.__version__,
+            "loadavg_1m_at_start": load, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "trl": trl_v}
 
 

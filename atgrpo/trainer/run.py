@@ -24,7 +24,6 @@ import torch
 import yaml
 
 from ..config import Config, ConfigError, load_config
-from ..runtime import keep_freed_memory
 from .checkpoint import (CHECKPOINT_DIR, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock, StopOnSignal,
                          atomic_write_text, latest_checkpoint, load_checkpoint, load_references, remove_leftovers,
                          save_checkpoint, save_policies, save_references, write_dir_atomically)
@@ -109,8 +108,6 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
     say = print if progress else (lambda *a, **k: None)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    if cfg.train.keep_freed_memory:
-        keep_freed_memory()
     ckpt: Checkpoint | None = None
     if resume:
         remove_leftovers(run_dir)
