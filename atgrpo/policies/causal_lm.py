@@ -21,8 +21,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from . import cascade
-from .cascade import CascadeCache
-from .kv_cache import ReservedCache
+from .kv_cache import CascadeCache, ReservedCache
 from .tokenizer import ByteTokenizer
 
 

@@ -1,4 +1,4 @@
-"""A KV cache with room reserved up front, so a decode step writes one token in place instead of copying.
+"""KV caches for ``generate``: room reserved up front, so a decode step writes in place instead of copying.
 
 transformers' ``DynamicCache`` appends each decode step's key/value with ``torch.cat``, which copies every row's
 whole cache (prompt included) per layer per step. With K branches of long prompts and short responses that copy
@@ -7,6 +7,9 @@ was ~60% of rollout time on the tiny CPU policy (docs/performance.md). ``generat
 K-way expansion copies it once into a buffer K times larger, and every decode step writes a single column.
 Dropping finished rows is a row gather (one copy, only when some row finishes).
 
+``CascadeCache`` goes further for ``n`` branches per prompt: each prompt's keys/values stay one copy, each
+branch's own in a reserved buffer, attended by cascade attention (``cascade.py``).
+
 The cached tensors are the same values as ``DynamicCache``'s, so sampled tokens are identical
 (``tests/test_policy.py``).
 """
@@ -14,7 +17,9 @@ The cached tensors are the same values as ``DynamicCache``'s, so sampled tokens 
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+
+from .cascade import ATTN_NAME, Branches
 
 
 class ReservedLayer(DynamicLayer):
@@ -92,3 +97,71 @@ class ReservedCache(Cache):
 
     def __init__(self, capacity: int):
         super().__init__(layer_class_to_replicate=lambda: ReservedLayer(capacity))
+
+
+class CascadeLayer(CacheLayerMixin):
+    """One layer: the prompts' keys/values once (``G`` rows), the branches' own in a reserved buffer."""
+
+    is_sliding = False
+
+    def __init__(self, cache: "CascadeCache"):
+        super().__init__()
+        self.cache = cache
+        self.prompt_k = self.prompt_v = None  # (G, Hkv, P, D)
+        self.own_k = self.own_v = None  # (R, Hkv, max_new_tokens, D)
+        self.generated = 0  # tokens written per branch (the same for every live branch)
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        if self.prompt_k is None:  # prefill: the prompts, attended by the model's own attention
+            self.prompt_k, self.prompt_v = key_states, value_states
+            return key_states, value_states
+        t = self.generated
+        if self.own_k is None:
+            R, H, _, D = key_states.shape
+            shape = (R, H, self.cache.max_new_tokens, D)
+            self.own_k, self.own_v = key_states.new_empty(shape), value_states.new_empty(shape)
+        self.own_k[:, :, t:t + 1] = key_states
+        self.own_v[:, :, t:t + 1] = value_states
+        self.generated = t + 1
+        return self.own_k[:, :, :t + 1], self.own_v[:, :, :t + 1]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.own_k is not None:
+            self.own_k, self.own_v = self.own_k[indices], self.own_v[indices]
+
+    def get_seq_length(self) -> int:
+        return (0 if self.prompt_k is None else self.prompt_k.shape[-2]) + self.generated
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class CascadeCache(Cache):
+    """The cache of one ``generate`` call for cascade decoding (``cascade.active(model, cache)`` around the
+    decode steps), with the batch operations of any cache: ``batch_repeat_interleave(n)`` after the prefill
+    makes ``n`` branches per prompt (no copy: it only records each live branch's prompt), and
+    ``batch_select_indices`` drops finished branches. ``prompt_mask`` (G, P): the prompts' real (non-padding)
+    positions."""
+
+    attn_impl = ATTN_NAME
+
+    def __init__(self, prompt_mask: torch.Tensor, max_new_tokens: int):
+        super().__init__(layer_class_to_replicate=lambda: CascadeLayer(self))
+        self.branches = Branches(prompt_mask, torch.arange(prompt_mask.shape[0], device=prompt_mask.device))
+        self.max_new_tokens = max_new_tokens
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self.branches.set_rows(self.branches.row_prompt.repeat_interleave(repeats))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.batch_select_indices(indices)
+        self.branches.set_rows(self.branches.row_prompt[indices])

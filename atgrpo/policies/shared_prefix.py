@@ -19,7 +19,6 @@ right-padded; position ids count real tokens only, so padding changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
@@ -28,7 +27,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from . import cascade
-from .cascade import CascadeCache
+from .cascade import PrefixTree
 from .causal_lm import CausalLMPolicy
 
 
@@ -108,55 +107,21 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(response tokens | prompt) under softmax(logits / T), with gradients; same contract as
     ``CausalLMPolicy.response_logprobs``: ``logp  # (B, T)``, ``mask  # (B, T)`` in input order, T = the
-    longest response, rows right-padded. One forward over the distinct prompts, one over the responses."""
-    B, dev, model = len(prompt_ids), policy.device, policy.model
+    longest response, rows right-padded. Each distinct prompt runs once."""
+    B, dev = len(prompt_ids), policy.device
     T = max((len(r) for r in response_ids), default=0)
     if B == 0 or T == 0:
         z = torch.zeros((B, T), device=dev)
         return z, z.clone()
     groups = group_by_prompt(prompt_ids)
-    G = len(groups)
-    plens = torch.tensor([len(prompt_ids[g[0]]) for g in groups])  # (G,)
-    Lp = int(plens.max())
-    pin = torch.full((G, Lp), policy.pad_id, dtype=torch.long)
-    pattn = torch.zeros((G, Lp), dtype=torch.long)
-    for j, g in enumerate(groups):  # left padding: every prompt ends at column Lp - 1
-        pin[j, Lp - len(prompt_ids[g[0]]):] = torch.tensor(list(prompt_ids[g[0]]))
-        pattn[j, Lp - len(prompt_ids[g[0]]):] = 1
-    pin, pattn = pin.to(dev), pattn.to(dev)
-    ppos = (pattn.cumsum(-1) - 1).clamp(min=0)  # (G, Lp)
-    # cascade: the responses attend each prompt's one copy of keys/values (cascade.py); else K expanded copies
-    cache = CascadeCache(pattn, T - 1) if policy.cascade else DynamicCache()
-    out = model(input_ids=pin, attention_mask=pattn, position_ids=ppos, use_cache=True, logits_to_keep=1,
-                **{policy._cache_kw: cache})
     order = [i for g in groups for i in g]  # response row r holds sample order[r]
     row_group = torch.tensor([j for j, g in enumerate(groups) for _ in g], device=dev)  # (R,)
-    first = out.logits[:, -1][row_group]  # (R, V): predicts response token 0
-    if T > 1:
-        if policy.cascade:
-            cache.set_rows(row_group)
-            attending = cascade.active(model, cache)
-        else:
-            sizes = [len(g) for g in groups]
-            cache = Cache(layers=[_PrefixLayer(layer.keys, layer.values, sizes) for layer in cache.layers])
-            attending = contextlib.nullcontext()
-        rin = torch.full((B, T - 1), policy.pad_id, dtype=torch.long)
-        rattn = torch.zeros((B, T - 1), dtype=torch.long)
-        for r, i in enumerate(order):
-            n = len(response_ids[i]) - 1
-            if n > 0:
-                rin[r, :n] = torch.tensor(list(response_ids[i][:n]))
-                rattn[r, :n] = 1
-        rin, rattn = rin.to(dev), rattn.to(dev)
-        attn = torch.cat([pattn[row_group], rattn], dim=1)  # (R, Lp + T - 1)
-        rpos = plens.to(dev)[row_group][:, None] + torch.arange(T - 1, device=dev)  # (R, T - 1)
-        with attending:
-            out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True,
-                        **{policy._cache_kw: cache})
-        logits = torch.cat([first[:, None], out.logits], dim=1)  # (R, T, V)
-    else:
-        logits = first[:, None]  # (R, 1, V)
-    logp_all = F.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    rin = torch.full((B, T - 1), policy.pad_id, dtype=torch.long)  # response tokens that predict the next one
+    for r, i in enumerate(order):
+        rin[r, :len(response_ids[i]) - 1] = torch.tensor(list(response_ids[i][:-1]), dtype=torch.long)
+    prompts = [list(prompt_ids[g[0]]) for g in groups]
+    logits = (_tree_logits if policy.cascade else _two_pass_logits)(policy, prompts, row_group, rin.to(dev))
+    logp_all = F.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)  # (R, T, V)
     targets = torch.zeros((B, T), dtype=torch.long)
     mask = torch.zeros((B, T))
     for r, i in enumerate(order):
@@ -168,3 +133,59 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
     inv[torch.tensor(order)] = torch.arange(B)
     inv = inv.to(dev)
     return logp[inv], mask[inv]
+
+
+def _padded(prompts: list[list[int]], pad_id: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids, mask  # (G, Lp)``: the prompts padded on the left (all end at column Lp - 1) or the right."""
+    Lp = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), Lp), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), Lp), dtype=torch.long)
+    for j, p in enumerate(prompts):
+        cols = slice(Lp - len(p), Lp) if left else slice(0, len(p))
+        ids[j, cols], mask[j, cols] = torch.tensor(p, dtype=torch.long), 1
+    return ids.to(device), mask.to(device)
+
+
+def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
+                 rin: torch.Tensor) -> torch.Tensor:
+    """One forward over the packed prefix tree (``cascade.PrefixTree``), batch 1: the prompts' tokens (right-
+    padded, so their own attention is plain causal) then the responses' inputs ``rin  # (R, M)``, response row
+    ``r`` continuing prompt ``row_group[r]``. Logits ``(R, M + 1, V)`` of the positions that predict response
+    tokens (each prompt's last real one, then every response input) and of no other."""
+    dev = rin.device
+    pin, pmask = _padded(prompts, policy.pad_id, left=False, device=dev)
+    (G, Lp), (R, M) = pin.shape, rin.shape
+    plens = pmask.sum(1)  # (G,)
+    ids = torch.cat([pin.flatten(), rin.flatten()])[None]
+    pos = torch.cat([torch.arange(Lp, device=dev).repeat(G),  # padding positions are never attended
+                     (plens[row_group][:, None] + torch.arange(M, device=dev)).flatten()])[None]
+    keep = torch.cat([torch.arange(G, device=dev) * Lp + plens - 1, G * Lp + torch.arange(R * M, device=dev)])
+    with cascade.active(policy.model, PrefixTree(pmask, row_group, M)):
+        if policy._last_logits_only:  # the model takes `logits_to_keep`: only the kept positions reach lm_head
+            logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits[0]
+        else:
+            logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, keep]
+    first = logits[:G][row_group]  # (R, V): each prompt's last position predicts response token 0
+    return torch.cat([first[:, None], logits[G:].view(R, M, logits.shape[-1])], dim=1)
+
+
+def _two_pass_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
+                     rin: torch.Tensor) -> torch.Tensor:
+    """Architectures without cascade attention: a forward over the distinct prompts (left-padded), then one
+    over the responses on the prompts' keys/values repeated K ways (``_PrefixLayer``). Logits ``(R, M + 1, V)``."""
+    dev, model = rin.device, policy.model
+    pin, pmask = _padded(prompts, policy.pad_id, left=True, device=dev)
+    cache = DynamicCache()
+    out = model(input_ids=pin, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True, **{policy._cache_kw: cache}, **policy._last_logits_only)
+    first = out.logits[:, -1][row_group]  # (R, V): predicts response token 0
+    M = rin.shape[1]
+    if M == 0:
+        return first[:, None]
+    sizes = torch.bincount(row_group).tolist()
+    cache = Cache(layers=[_PrefixLayer(layer.keys, layer.values, sizes) for layer in cache.layers])
+    attn = torch.cat([pmask[row_group], torch.ones_like(rin)], dim=1)  # (R, Lp + M): response padding is
+    # right of real tokens, so causal attention never lets a real position see it
+    rpos = pmask.sum(1)[row_group][:, None] + torch.arange(M, device=dev)
+    out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True, **{policy._cache_kw: cache})
+    return torch.cat([first[:, None], out.logits], dim=1)
