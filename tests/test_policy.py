@@ -300,14 +300,18 @@ def test_cascade_only_on_full_attention_architectures():
     assert not supports(NS(model_type="gemma2"))
 
 
-def test_cascade_with_grouped_query_attention():
-    """Fewer key/value heads than query heads (SmolLM2, Qwen3): cascade decoding still equals the plain cache."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+@pytest.mark.parametrize("arch", ["Llama", "Qwen2", "Qwen3"])
+def test_cascade_with_grouped_query_attention(arch):
+    """Every architecture cascade decoding is switched on for, with fewer key/value heads than query heads
+    (SmolLM2, Qwen3): cascade decoding equals the plain cache."""
+    import transformers
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    pol = CausalLMPolicy("p", LlamaForCausalLM(cfg), ByteTokenizer())
+    cfg = getattr(transformers, f"{arch}Config")(
+        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256)
+    pol = CausalLMPolicy("p", getattr(transformers, f"{arch}ForCausalLM")(cfg), ByteTokenizer())
+    assert pol.cascade
     ids = [pol.encode(p) for p in PROMPTS]
     out = {}
     for flag in (True, False):

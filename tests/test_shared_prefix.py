@@ -91,15 +91,19 @@ def test_groups_of_unequal_sizes_with_and_without_cascade(cascade):
         torch.testing.assert_close(got[3][name], g, atol=ATOL, rtol=1e-4, msg=f"gradient of {name}")
 
 
-def test_grouped_query_attention_with_and_without_gradients():
-    """Fewer key/value heads than query heads (SmolLM2, Qwen3): the cascade response pass with gradients (plain
-    ops) and without (torch's fused CPU kernel) equals one forward per sample."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_cascade_architectures_with_grouped_query_attention(arch):
+    """Every architecture cascade attention is switched on for (Llama, Qwen2 with its q/k/v biases, Qwen3 with its
+    q/k norms), with fewer key/value heads than query heads (SmolLM2, Qwen3): the prefix-tree forward with
+    gradients (plain ops) and without (torch's fused CPU kernel) equals one forward per sample."""
+    import transformers
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    policy = CausalLMPolicy("p", LlamaForCausalLM(cfg), ByteTokenizer())
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[arch]
+    cfg = getattr(transformers, f"{name}Config")(
+        vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256)
+    policy = CausalLMPolicy("p", getattr(transformers, f"{name}ForCausalLM")(cfg), ByteTokenizer())
     assert policy.cascade
     prompts, responses = _batch([13, 6], 4, seed=4)
     ref = _loss_and_grads(policy, prompts, responses, False, "token-mean")

@@ -168,10 +168,10 @@ class PrefixTree:
         self.R, self.M = len(row_prompt), M
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token-major ``(H, N, D)`` -> the prompts ``(G, H, P, D)`` and the branches ``(R, H, M, D)`` (views)."""
-        n = self.G * self.P
-        return (x[:, :n].unflatten(1, (self.G, self.P)).transpose(0, 1),
-                x[:, n:].unflatten(1, (self.R, self.M)).transpose(0, 1))
+        """Token-major ``(H, N, D)`` -> the prompts ``(G, H, P, D)`` and the branches ``(R, H, M, D)`` (views;
+        ``torch.split``, whose backward joins the two gradients, where slicing would zero-fill a whole copy)."""
+        p, b = x.split([self.G * self.P, self.R * self.M], dim=1)
+        return p.unflatten(1, (self.G, self.P)).transpose(0, 1), b.unflatten(1, (self.R, self.M)).transpose(0, 1)
 
 
 def tree_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -183,7 +183,8 @@ def tree_attention(module, query, key, value, attention_mask, scaling=None, drop
     tree: PrefixTree = _ACTIVE[-1]
     n_rep = getattr(module, "num_key_value_groups", 1)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    (qp, qb), (kp, kb), (vp, vb) = tree.split(query[0]), tree.split(key[0]), tree.split(value[0])
+    # squeeze, not x[0]: the backward of an index zero-fills a whole copy
+    (qp, qb), (kp, kb), (vp, vb) = (tree.split(x.squeeze(0)) for x in (query, key, value))
     out_p = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale, enable_gqa=n_rep > 1)
     parts = [out_p.transpose(1, 2).flatten(0, 1)]  # (G * P, H, D)
     if tree.M:
