@@ -1,20 +1,22 @@
-"""Shared-prefix scoring: each distinct prompt runs forward once, its KV cache feeds all responses to it.
+"""Shared-prefix scoring: each distinct prompt runs forward once, and the K responses to it run on its keys/values.
 
 An AT-GRPO group is K responses to one identical prompt. Scoring them one by one (``response_logprobs``) runs
-the prompt K times; here the prompt runs once, with gradients, and the K responses run on top of its keys/values.
-On Llama / Qwen2 / Qwen3 full-attention models the responses attend the one copy of the prompt's keys/values
-with cascade attention (``cascade.py``: the K responses' queries stacked against it, merged exactly with their
-own causal part); elsewhere the keys/values are repeated K ways along the batch (``expand``, inside a cache layer
-that joins them to the responses' own keys). Either way autograd sums the K members' gradients back into the one
-prompt pass, so logp, loss and parameter gradients equal those of K separate forwards (up to float rounding).
-Linear-layer work drops from ``K * (P + T)`` to ``P + K * T`` tokens per group; cascade attention also reads
-(and back-propagates into) each prompt's keys once instead of K times.
+the prompt K times; here it runs once, with gradients. On Llama / Qwen2 / Qwen3 full-attention models a
+micro-batch is one forward over a packed prefix tree (``_tree_logits``): the distinct prompts' tokens
+(right-padded), then the responses' tokens, in one sequence; the prompts attend themselves causally and each
+response attends its prompt's one copy of keys/values and itself (``cascade.PrefixTree``, cascade attention).
+Elsewhere (``_two_pass_logits``) the prompts run first (left-padded, like ``generate``) and the responses then run
+on their keys/values repeated K ways along the batch (``expand``, inside a cache layer that joins them to the
+responses' own keys). Either way autograd sums the K members' gradients back into the one prompt pass, so logp,
+loss and parameter gradients equal those of K separate forwards (up to float rounding;
+``tests/test_shared_prefix.py``). Linear-layer work drops from ``K * (P + T)`` to ``P + K * T`` tokens per
+group; cascade attention also reads (and back-propagates into) each prompt's keys once instead of K times.
 
 Samples are grouped by their ``prompt_ids`` (not by group key), so any grouping key benefits whenever prompts
 repeat; a prompt seen once is simply a group of one. ``plan_chunks`` packs whole prompt groups into
 micro-batches under a padded-token budget, sorted by length so padding stays small; ``shared_prefix_logprobs``
-scores one micro-batch. Prompts are left-padded (all end at the same column, like ``generate``), responses
-right-padded; position ids count real tokens only, so padding changes nothing.
+scores one micro-batch. Responses are right-padded; position ids count real tokens only, so padding changes
+nothing.
 """
 
 from __future__ import annotations
