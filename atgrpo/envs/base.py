@@ -53,8 +53,9 @@ class MultiAgentEnv:
 
     Subclasses set ``team_roles`` (the roles in turn order) and ``single_agent_roles``, pass the caller's
     ``roles`` to ``__init__`` (which checks them and sets ``agents``), and implement ``_reset``, ``_observe``,
-    ``_apply`` and ``success``. The base class runs the turn order: agents act in order ``agents[0], agents[1], ...``; once
-    the last agent has acted, the turn counter advances; the episode truncates after ``max_turns`` turns.
+    ``_apply`` and ``success``. The base class runs the turn order: agents act in order ``agents[0],
+    agents[1], ...``; once the last agent has acted, the turn counter advances; the episode truncates after
+    ``max_turns`` turns.
     """
 
     name: str = "base"

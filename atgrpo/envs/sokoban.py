@@ -293,7 +293,8 @@ class SokobanEnv(MultiAgentEnv):
                 lines.append("T:?")
             else:
                 moves, player, boxes, solved = self.proposal
-                lines.append(f"T:{moves[:PROPOSAL_SHOWN]}@A{player[0]},{player[1]} B{_fmt(boxes)}{'+' if solved else '-'}")
+                mark = "+" if solved else "-"
+                lines.append(f"T:{moves[:PROPOSAL_SHOWN]}@A{player[0]},{player[1]} B{_fmt(boxes)}{mark}")
         return "\n".join(lines) + "\n>"
 
     def _chat(self, agent: str) -> Messages:

@@ -52,11 +52,10 @@ class Branches:
     ``set_rows(row_prompt)``: the prompt of each branch row, sorted (a prompt's branches are neighbours)."""
 
     def __init__(self, prompt_mask: torch.Tensor, row_prompt: torch.Tensor):
-        self.prompt_mask = prompt_mask.bool()
         self.G = prompt_mask.shape[0]
         # (G, 1, 1, P) additive: 0 on the prompts' tokens, -inf on their padding
-        self.prompt_bias = torch.zeros(self.prompt_mask.shape, device=prompt_mask.device).masked_fill(
-            ~self.prompt_mask, float("-inf"))[:, None, None, :]
+        self.prompt_bias = torch.zeros(prompt_mask.shape, device=prompt_mask.device).masked_fill(
+            ~prompt_mask.bool(), float("-inf"))[:, None, None, :]
         self.set_rows(row_prompt)
 
     def set_rows(self, row_prompt: torch.Tensor) -> None:

@@ -78,6 +78,17 @@ class CausalLMPolicy:
             return self.tokenizer.decode(ids)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
+    def pad_prompts(self, prompts: Sequence[Sequence[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ids, mask  # (B, Lp)`` on the policy's device: the prompts padded on the left (all end at column
+        Lp - 1, as ``generate`` needs) or on the right (all start at column 0)."""
+        Lp = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), Lp), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), Lp), dtype=torch.long)
+        for j, p in enumerate(prompts):
+            cols = slice(Lp - len(p), Lp) if left else slice(0, len(p))
+            ids[j, cols], mask[j, cols] = torch.tensor(list(p), dtype=torch.long), 1
+        return ids.to(self.device), mask.to(self.device)
+
     # ---- sampling -------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
@@ -88,13 +99,8 @@ class CausalLMPolicy:
         was_training = self.model.training
         self.model.eval()
         B, dev = len(prompt_ids), self.device
-        Lp = max(len(p) for p in prompt_ids)
-        input_ids = torch.full((B, Lp), self.pad_id, dtype=torch.long)
-        attn = torch.zeros((B, Lp), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):  # left padding: every prompt ends at column Lp - 1
-            input_ids[i, Lp - len(p):] = torch.tensor(p)
-            attn[i, Lp - len(p):] = 1
-        input_ids, attn = input_ids.to(dev), attn.to(dev)
+        input_ids, attn = self.pad_prompts(prompt_ids, left=True)  # every prompt ends at column Lp - 1
+        Lp = input_ids.shape[1]
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
         shared = self.cascade and n > 1  # each prompt's keys one copy, read once per step for its n branches
         # else the whole length reserved: decode steps write in place, no per-step copy of the prompt

@@ -137,17 +137,6 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
     return logp[inv], mask[inv]
 
 
-def _padded(prompts: list[list[int]], pad_id: int, left: bool, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ids, mask  # (G, Lp)``: the prompts padded on the left (all end at column Lp - 1) or the right."""
-    Lp = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), Lp), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), Lp), dtype=torch.long)
-    for j, p in enumerate(prompts):
-        cols = slice(Lp - len(p), Lp) if left else slice(0, len(p))
-        ids[j, cols], mask[j, cols] = torch.tensor(p, dtype=torch.long), 1
-    return ids.to(device), mask.to(device)
-
-
 def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
                  rin: torch.Tensor) -> torch.Tensor:
     """One forward over the packed prefix tree (``cascade.PrefixTree``), batch 1: the prompts' tokens (right-
@@ -155,7 +144,7 @@ def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: to
     ``r`` continuing prompt ``row_group[r]``. Logits ``(R, M + 1, V)`` of the positions that predict response
     tokens (each prompt's last real one, then every response input) and of no other."""
     dev = rin.device
-    pin, pmask = _padded(prompts, policy.pad_id, left=False, device=dev)
+    pin, pmask = policy.pad_prompts(prompts, left=False)
     (G, Lp), (R, M) = pin.shape, rin.shape
     plens = pmask.sum(1)  # (G,)
     ids = torch.cat([pin.flatten(), rin.flatten()])[None]
@@ -176,7 +165,7 @@ def _two_pass_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group
     """Architectures without cascade attention: a forward over the distinct prompts (left-padded), then one
     over the responses on the prompts' keys/values repeated K ways (``_PrefixLayer``). Logits ``(R, M + 1, V)``."""
     dev, model = rin.device, policy.model
-    pin, pmask = _padded(prompts, policy.pad_id, left=True, device=dev)
+    pin, pmask = policy.pad_prompts(prompts, left=True)
     cache = DynamicCache()
     out = model(input_ids=pin, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True, **{policy._cache_kw: cache}, **policy._last_logits_only)
