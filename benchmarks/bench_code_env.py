@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from atgrpo import sandbox  # noqa: E402
 from atgrpo.envs import make  # noqa: E402
-from atgrpo.envs.code_exec import run_jobs, shared_pool  # noqa: E402
+from atgrpo.envs.programs import run_jobs, shared_pool  # noqa: E402
 
 WRONG = "```python\nprint('?')\n```"  # no problem expects '?': the tester always exposes it
 

@@ -9,7 +9,8 @@ import pytest
 from atgrpo.envs import check_env, make
 from atgrpo.envs.code import EXPOSE_BONUS, FORMAT_PENALTY
 from atgrpo.envs.code_data import Problem, generated_problem, run_trusted
-from atgrpo.envs.code_exec import extract_code, format_tests, outputs_match, parse_tests
+from atgrpo.envs.code_exec import format_tests, outputs_match, parse_tests
+from atgrpo.envs.programs import extract_code
 
 # A hand-made problem: sum of two integers. WRONG_ABS is right only when both numbers are >= 0.
 SUM2 = Problem(pid="sum2", statement="Read two integers a and b on one line. Print a + b.",

@@ -11,9 +11,10 @@ import pytest
 
 from atgrpo.envs import MathEnv, check_env, make, registered
 from atgrpo.envs import splits
-from atgrpo.envs.math_data import (draw_problem, equivalent, extract_code, fingerprint, is_correct, is_safe,
+from atgrpo.envs.math_data import (draw_problem, equivalent, fingerprint, is_correct, is_safe,
                                    last_boxed, load_jsonl, parse_answer)
 from atgrpo.envs.math_env import FORMAT_PENALTY
+from atgrpo.envs.programs import extract_code
 from atgrpo.envs.registry import JUNK_ACTIONS
 
 
@@ -173,9 +174,9 @@ def test_infinite_loop_times_out_and_is_reported():
 
 def test_code_extraction():
     text = "Try:\n```python\nprint(1)\n```\nBetter:\n```python\nprint(2)\n```\nDone."
-    assert extract_code(text).strip() == "print(2)"
-    assert extract_code("print(3)") == "print(3)"
-    assert extract_code("```py\nprint(4)").strip() == "print(4)"  # unterminated last block
+    assert extract_code(text)[0].strip() == "print(2)"
+    assert extract_code("print(3)") == ("print(3)", False)
+    assert extract_code("```py\nprint(4)")[0].strip() == "print(4)"  # unterminated last block
     assert last_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
     assert last_boxed("\\boxed{12") is None and last_boxed("nothing") is None
 

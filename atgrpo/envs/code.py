@@ -1,9 +1,9 @@
-"""Code: a coder and a unit tester solve a programming problem, with programs run in the sandbox (REFERENCE 5).
+"""Code: a coder and a unit tester solve a programming problem, with programs run in the sandbox.
 
 Turn order: ``coder`` then ``tester``. ``roles=("coder",)`` is the single-agent (L0) variant.
 
 - The coder writes a stdin/stdout Python program (the last fenced python block of its answer, or the whole text;
-  see ``code_exec``). It is run in ``atgrpo.sandbox`` on the problem's hidden ground-truth tests, in parallel.
+  ``programs.extract_code``). It is run in ``atgrpo.sandbox`` on the problem's hidden ground-truth tests, in parallel.
   ``local`` = the pass ratio; an empty program or one that does not compile scores ``FORMAT_PENALTY`` instead
   (``info["parse_error"]``; it is not run). Success = every hidden test passes.
 - The tester writes up to 5 test cases (input + expected output; format in ``code_exec``). Each case is judged
@@ -26,7 +26,7 @@ CodeContests / LiveCodeBench records; the tester needs records with a ``solution
 
 Departures from the paper: up to 3 turns by default (paper: 5); the tester's reward formula is not given in the
 paper and is defined here; results of one program on one input are cached (a nondeterministic program is
-judged once per input); on HumanEval the coder sees the function prompt and is scored by the official check.
+judged once per input; one cache, ``programs``, for every task that runs programs); on HumanEval the coder sees the function prompt and is scored by the official check.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from typing import Any
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
 from .code_data import DATASETS, Problem, generated_problem, humaneval_problems, load_jsonl
-from .code_exec import (MAX_TESTS, Test, describe_failure, extract_code, format_tests, outputs_match, parse_tests,
-                        passed, run_jobs, syntax_error)
+from .code_exec import MAX_TESTS, Test, describe_failure, format_tests, outputs_match, parse_tests, passed, syntax_error
+from .programs import extract_code, run_jobs
 
 FORMAT_PENALTY = -0.5
 EXPOSE_BONUS = 0.5

@@ -1,10 +1,7 @@
-"""Pure helpers of the code task: reading code and test cases from model text, comparing outputs, and running
-programs in the sandbox (cached, in parallel).
+"""Pure helpers of the code task: reading test cases from model text and comparing outputs. Programs are read
+and run (cached, in parallel) by ``programs``, which the math and game tool agents share.
 
 Parsing never raises: junk text gives empty results that the environment scores as format failures.
-
-Code: the last fenced block tagged ``python`` / ``py`` / ``python3``; else the last untagged fenced block; else
-an unclosed final fence (a model that ran out of tokens); else the whole text.
 
 Test cases (the unit tester's answer), either
 - labelled blocks, one ``Input:`` then one ``Output:`` (or ``Expected output:``) per test, at the start of a
@@ -27,33 +24,23 @@ Comparison (``outputs_match``): token by token after splitting on any whitespace
 spaces do not matter); two tokens match when equal as strings or when both are decimal numbers with
 ``math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)``. In function mode both sides are first read as Python
 literals and compared structurally with the same float tolerance (text comparison when that fails).
-
-Execution (``run_jobs``): each (code, stdin, timeout) job is one ``atgrpo.sandbox.run_python``; uncached jobs
-of a batch run on a shared ``SandboxPool`` (or one by one, ``parallel=False``). Results are cached by
-(code, stdin, timeout) in a bounded LRU, timeouts excepted: a nondeterministic program is judged once per input.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import math
-import os
 import re
-import threading
-from collections import OrderedDict
 from typing import Any, Sequence
 
-from ..sandbox import ExecResult, SandboxPool, run_python
+from ..sandbox import ExecResult
+from .programs import MAX_TEXT_CHARS
 
 MAX_TESTS = 5
-MAX_TEXT_CHARS = 20_000  # longer answers are cut before parsing
 MAX_FIELD_CHARS = 2_000  # longest test input / output kept
 REL_TOL = ABS_TOL = 1e-6
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
-_OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*)\Z", re.S | re.I)
 _LABEL = re.compile(r"^[ \t>#*_-]*(?:expected[ \t]+)?(input|output)[ \t]*(?::[ \t]*\**|\**[ \t]*:)[ \t]*", re.I | re.M)
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -61,22 +48,6 @@ Test = tuple[str, str]  # (stdin or argument list, expected output)
 
 
 # ---- reading model text ---------------------------------------------------------------------------------
-def extract_code(text: str) -> tuple[str, bool]:
-    """(program, found_block): the code of the last python block (see the module docstring)."""
-    text = text[:MAX_TEXT_CHARS]
-    blocks = _FENCE.findall(text)
-    tagged = [body for tag, body in blocks if tag.lower() in ("python", "py", "python3")]
-    if tagged:
-        return tagged[-1], True
-    untagged = [body for tag, body in blocks if not tag]
-    if untagged:
-        return untagged[-1], True
-    unclosed = _OPEN_FENCE.search(text)
-    if unclosed and "```" not in unclosed.group(1):
-        return unclosed.group(1), True
-    return text, False
-
-
 def syntax_error(code: str) -> str | None:
     """Why ``code`` cannot run (empty, does not compile), as a short '<...>' note, or None. Compiling runs
     nothing; pathological nesting counts as an error."""
@@ -202,57 +173,3 @@ def describe_failure(r: ExecResult) -> str:
 
 def passed(r: ExecResult, expected: str, function_mode: bool = False) -> bool:
     return r.ok and outputs_match(expected, r.stdout, function_mode)
-
-
-# ---- running programs -----------------------------------------------------------------------------------
-Job = tuple[str, str, float]  # (code, stdin, timeout)
-CACHE_SIZE = 8192
-_cache: OrderedDict[str, ExecResult] = OrderedDict()
-_cache_lock = threading.Lock()
-_pool: SandboxPool | None = None
-_pool_lock = threading.Lock()
-
-
-def _key(job: Job) -> str:
-    code, stdin, timeout = job
-    return hashlib.sha256(f"{timeout}\0{len(code)}\0{code}\0{stdin}".encode("utf-8", "replace")).hexdigest()
-
-
-def clear_cache() -> None:
-    with _cache_lock:
-        _cache.clear()
-
-
-def shared_pool() -> SandboxPool:
-    """One process-wide pool (threads waiting on sandboxed subprocesses); created on first use."""
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = SandboxPool(max_workers=max(2, os.cpu_count() or 1))
-        return _pool
-
-
-def run_jobs(jobs: Sequence[Job], parallel: bool = True, cache: bool = True) -> list[ExecResult]:
-    """Run (code, stdin, timeout) jobs in the sandbox; results in the order of ``jobs``."""
-    keys = [_key(j) for j in jobs]
-    results: dict[str, ExecResult] = {}
-    if cache:
-        with _cache_lock:
-            for k in keys:
-                if k in _cache:
-                    _cache.move_to_end(k)
-                    results[k] = _cache[k]
-    todo = {k: j for k, j in zip(keys, jobs) if k not in results}  # also drops duplicates within the batch
-    if todo:
-        batch = list(todo.values())
-        done = shared_pool().map(batch) if parallel and len(batch) > 1 else [run_python(*j) for j in batch]
-        for k, r in zip(todo, done):
-            results[k] = r
-        if cache:
-            with _cache_lock:
-                for k, r in zip(todo, done):
-                    if not r.timed_out:
-                        _cache[k] = r
-                while len(_cache) > CACHE_SIZE:
-                    _cache.popitem(last=False)
-    return [results[k] for k in keys]

@@ -192,15 +192,6 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-_CODE_BLOCK = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
-
-
-def extract_code(text: str) -> str:
-    """The last fenced ```python block (an unterminated last block runs to the end), else the whole text."""
-    blocks = _CODE_BLOCK.findall(text)
-    return blocks[-1] if blocks else text
-
-
 _INT = r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)"
 _NUMBER = re.compile(rf"{_INT}(?:\.\d*)?(?:[eE][+-]?\d+)?|[+-]?\.\d+(?:[eE][+-]?\d+)?")
 _FRACTION = re.compile(rf"(?P<s>[+-]?)\\[dt]?frac\{{(?P<a>{_INT})\}}\{{(?P<b>{_INT})\}}"

@@ -1,4 +1,4 @@
-"""Math: a tool agent and a reasoner answer a math problem together (REFERENCE section 5).
+"""Math: a tool agent and a reasoner answer a math problem together.
 
 Roles, in turn order:
 - ``tool`` writes a Python program that prints the answer. The program is the last fenced ```python block of its
@@ -33,27 +33,25 @@ plain-number gold, answers must be plain numbers).
 Departures from the paper: the agents act in turn order, so in turn 0 the reasoner already sees the tool's
 result of the same turn (as the plan agent does in Plan-Path); agreement is checked after every step, so a tool
 that comes round to the reasoner's previous answer ends the episode before the reasoner's next turn. Identical
-programs (up to 4096 characters) are executed once per process (a cache of sandbox results: programs are taken
-to be deterministic), which makes K identical tree candidates cheap.
+programs are executed once per process (a cache of sandbox results: programs are taken
+to be deterministic; the one cache of ``programs``, shared with the code task and the games), which makes K
+identical tree candidates cheap.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..sandbox import run_python
 from .base import Messages, MultiAgentEnv, Reward
-from .math_data import (DATASETS, GENERATED, MAX_ANSWER_CHARS, Problem, draw_problem, equivalent, extract_code,
-                        is_correct, last_boxed, load_jsonl, parse_answer)
+from .math_data import (DATASETS, GENERATED, MAX_ANSWER_CHARS, Problem, draw_problem, equivalent, is_correct,
+                        last_boxed, load_jsonl, parse_answer)
+from .programs import ProgramRun, program_info, run_program
 
 FORMAT_PENALTY = 0.1
-TAIL_CHARS = 400  # stdout / stderr shown in chat prompts
 SOLUTION_CHARS = 1500  # previous solutions shown in chat prompts
 COMPACT_ANSWER_CHARS = 24
-CACHE_MAX_CODE_CHARS = 4096  # longer programs are not cached (the cache keys are the programs)
 
 
 @dataclass(frozen=True)
@@ -64,42 +62,11 @@ class Attempt:
     answer: str | None  # raw answer string (boxed content / last stdout line), None if there is none
     parsed: bool  # the answer parsed (math_data.parse_answer)
     correct: bool
-    crashed: bool = False  # tool only: no code, non-zero exit, killed or timed out
-    exit_code: int | None = None
-    timed_out: bool = False
-    stdout: str = ""  # tail
-    stderr: str = ""  # tail, sandbox paths removed
+    run: ProgramRun | None = None  # tool only: the program's run
 
-
-def _execute(code: str, timeout: float) -> dict[str, Any]:
-    """Run the tool's program (cached when it is short); keep only what the environment uses."""
-    return _execute_cached(code, timeout) if len(code) <= CACHE_MAX_CODE_CHARS else _run(code, timeout)
-
-
-@functools.lru_cache(maxsize=4096)
-def _execute_cached(code: str, timeout: float) -> dict[str, Any]:
-    return _run(code, timeout)
-
-
-def _run(code: str, timeout: float) -> dict[str, Any]:
-    res = run_python(code, timeout=timeout)
-    lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
-    stderr = re.sub(r'File "[^"]*main\.py"', 'File "main.py"', res.stderr)  # no sandbox paths: reproducible
-    return dict(answer=lines[-1][:MAX_ANSWER_CHARS + 1] if lines else None, crashed=not res.ok,
-                exit_code=res.exit_code, timed_out=res.timed_out, stdout=res.stdout[-TAIL_CHARS:],
-                stderr=stderr[-TAIL_CHARS:])
-
-
-def _error_summary(a: Attempt) -> str:
-    """A few words on why the tool's program failed (compact prompts)."""
-    if not a.text.strip():
-        return "nocode"
-    if a.timed_out:
-        return "timeout"
-    lines = [ln.strip() for ln in a.stderr.splitlines() if ln.strip()]
-    if lines:
-        return lines[-1].split(":")[0][:30]
-    return f"exit{a.exit_code}" if a.exit_code is not None else "killed"
+    @property
+    def crashed(self) -> bool:
+        return self.run is not None and self.run.crashed
 
 
 class MathEnv(MultiAgentEnv):
@@ -162,16 +129,18 @@ class MathEnv(MultiAgentEnv):
     # ---- acting ---------------------------------------------------------------------------------------
     def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
         info: dict[str, Any] = {}
+        run = None
         if agent == "tool":
-            code = extract_code(text)
-            extra = dict(_execute(code, self.timeout)) if code.strip() else dict(answer=None, crashed=True)
-            answer, crashed = extra.pop("answer"), extra["crashed"]
-            info.update(crashed=crashed, exit_code=extra.get("exit_code"), timed_out=extra.get("timed_out", False))
+            run = run_program(text, self.timeout)
+            code, answer, crashed = run.code, run.last_line and run.last_line[:MAX_ANSWER_CHARS + 1], run.crashed
+            info.update(crashed=crashed, exit_code=run.exit_code, timed_out=run.timed_out)
         else:
-            code, answer, crashed, extra = text, last_boxed(text), False, {}
+            code, answer, crashed = text, last_boxed(text), False
         parsed = answer is not None and parse_answer(answer, self.numeric) is not None
         correct = parsed and is_correct(self.problem.answer, answer, self.numeric)
-        self.last[agent] = Attempt(code, answer, parsed, correct, **extra)
+        if run is not None:
+            info.update(program_info(run, parsed))
+        self.last[agent] = Attempt(code, answer, parsed, correct, run)
         self.agreed = self._answers_agree()
         local = (1.0 if correct else 0.0) - (FORMAT_PENALTY if crashed or not parsed else 0.0)
         reasoner = self.last.get("reasoner")
@@ -207,7 +176,7 @@ class MathEnv(MultiAgentEnv):
         if tool is not None:
             parts.append(f"T:{(tool.answer or '?')[:COMPACT_ANSWER_CHARS]}")
             if tool.crashed:
-                parts.append(f"E:{_error_summary(tool)}")
+                parts.append(f"E:{tool.run.error()}")
         if reasoner is not None:
             parts.append(f"R:{(reasoner.answer or '?')[:COMPACT_ANSWER_CHARS]}")
         return " ".join(parts) + "\n>"
@@ -239,18 +208,12 @@ class MathEnv(MultiAgentEnv):
 
     def _tool_report(self, tool: Attempt, own: bool) -> str:
         who = "Your" if own else "The tool agent's"
-        if not tool.text.strip():
-            run = "not run (no code)"
-        elif tool.timed_out:
-            run = f"timed out after {self.timeout:g} s"
-        else:
-            run = f"exit code {tool.exit_code}" if tool.exit_code is not None else "killed"
         code = tool.text[-SOLUTION_CHARS:].rstrip()
-        out = [f"{who} previous program:\n```python\n{code}\n```", f"Execution: {run}."]
-        if tool.stdout.strip():
-            out.append(f"stdout (end):\n{tool.stdout}")
-        if tool.stderr.strip():
-            out.append(f"stderr (end):\n{tool.stderr}")
+        out = [f"{who} previous program:\n```python\n{code}\n```", f"Execution: {tool.run.status(self.timeout)}."]
+        if tool.run.stdout.strip():
+            out.append(f"stdout (end):\n{tool.run.stdout}")
+        if tool.run.stderr.strip():
+            out.append(f"stderr (end):\n{tool.run.stderr}")
         out.append(f"{who} answer (last printed line): "
                    f"{tool.answer if tool.answer is not None else 'none (nothing printed)'}")
         return "\n".join(out)

@@ -33,6 +33,9 @@ What is isolated
           vanish with the run; the working directory is bind-mounted back); directories
           the sandbox uid cannot traverse but that hold the interpreter (e.g. pyenv
           under ``/root``) are covered by a tmpfs that re-exposes only the interpreter.
+        - atgrpo's own source directory is covered by an empty read-only tmpfs: a
+          program can neither import nor read the trainer (an environment's solver, say),
+          even when atgrpo is installed in the interpreter's site-packages.
         - private network namespace (only a down loopback) unless ``Limits.network``.
     * Root without CAP_SYS_ADMIN (e.g. a default Docker container): the uid drop still
       happens if the interpreter is reachable by other users (e.g. /usr/local/bin), but
@@ -40,6 +43,7 @@ What is isolated
       is not reachable either, the program runs AS ROOT and a RuntimeWarning is issued.
     * Not root: resource limits, scrubbed env, process-group kill, and network
       isolation via an unprivileged user namespace where the kernel allows it.
+      atgrpo's source stays importable and readable (no mount namespace).
 
 What is NOT isolated
     This is a guard-rail against buggy or greedy programs, not a security boundary:

@@ -173,6 +173,14 @@ def _outermost(paths: Sequence[str]) -> list[str]:
     return [p for p in out if not any(p != q and p.startswith(q.rstrip(os.sep) + os.sep) for q in out)]
 
 
+@functools.cache
+def _package_dirs() -> tuple[str, ...]:
+    """atgrpo's own source directory, as given and resolved: hidden from programs, so that nothing of the
+    trainer (e.g. an environment's solver) can be imported or read from inside the sandbox."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tuple(sorted({here, os.path.realpath(here)}))
+
+
 def _setup_mounts(plan: _ChildPlan) -> None:
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # never propagate back to the host
     with suppress(OSError):
@@ -183,6 +191,9 @@ def _setup_mounts(plan: _ChildPlan) -> None:
             _cover(target, 0o1777, _outermost(inside), plan.tmpfs_mb)
     for target, keep in plan.reveal:
         _cover(target, 0o755, keep, 1)
+    for target in _package_dirs():
+        inside = [p for p in (plan.workdir, *_interpreter_dirs()) if p.startswith(target.rstrip(os.sep) + os.sep)]
+        _cover(target, 0o555, _outermost(inside), 1)
 
 
 def _become_sandboxed(plan: _ChildPlan) -> None:
