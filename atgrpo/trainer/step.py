@@ -1,6 +1,6 @@
 """The AT-GRPO train step, read top to bottom: rollout -> advantages -> update per policy -> metrics.
 
-Strictly on-policy and synchronous (REFERENCE section 2): every policy is updated on the samples it generated
+Strictly on-policy and synchronous (docs/method.md): every policy is updated on the samples it generated
 in this step's rollout, and the next rollout uses the new weights (same objects: no sync needed locally).
 Where the work runs is the backend's business (``state.backend``): ``LocalBackend`` here, in this process;
 ``ray_backend.RayBackend`` on Ray actors (docs/ray.md). The step is the same code for both.
@@ -141,6 +141,10 @@ def rollout_metrics(samples: list[Sample], episodes: list[EpisodeResult]) -> dic
         out[f"rollout/reward_team/{agent}"] = sum(s.reward_team for s in ss) / n
         out[f"rollout/reward_local/{agent}"] = sum(s.reward_local for s in ss) / n
         out[f"rollout/parse_error_rate/{agent}"] = sum(bool(s.info.get("parse_error")) for s in ss) / n
+        ran = [s.info for s in ss if "program_crashed" in s.info]
+        if ran:  # the agent's answers are run as programs (math's tool, the games' tool in code mode)
+            for flag in ("crashed", "timed_out", "unparsable"):
+                out[f"rollout/program_{flag}_rate/{agent}"] = sum(bool(i[f"program_{flag}"]) for i in ran) / len(ran)
     n_ep = max(1, len(episodes))
     out["rollout/success_rate"] = sum(e.success for e in episodes) / n_ep
     out["rollout/turns"] = sum(e.turns for e in episodes) / n_ep
