@@ -1,18 +1,20 @@
-"""Plan-Path: reach the goal on a grid with walls (REFERENCE section 5).
+"""Plan-Path: reach the goal on a grid with walls.
 
 Roles, in turn order: ``tool`` proposes an action list that is *simulated on a copy* of the state and scored
 (the real state does not move); ``plan`` sees the proposal and its simulated outcome and outputs the action
 list that is executed on the real state. ``roles=("plan",)`` gives the single-agent (L0) variant.
 
-Rewards per executed or simulated move (REFERENCE section 5): -0.01 per move, -0.1 for an invalid move
+The tool's proposal (``tool_mode``, ``tool_code``): in ``code`` mode, as in the paper, the tool writes a program
+(e.g. a BFS) whose last printed line is the action list; in ``direct`` mode it types the list itself. Default:
+``code`` with chat prompts, ``direct`` with compact prompts (the tiny policy).
+
+Rewards per executed or simulated move (docs/method.md): -0.01 per move, -0.1 for an invalid move
 (position unchanged), potential shaping ``gamma * Phi' - Phi`` with ``Phi = -manhattan(pos, goal)``, +1.0 on
 reaching the goal (execution stops there), +0.5 more when the list reached the goal in the BFS-optimal number
-of moves from the position it started at. An unparsable answer scores ``FORMAT_PENALTY``.
+of moves from the position it started at. An unparsable answer (in code mode also a program that crashes,
+times out or prints nothing readable) scores ``FORMAT_PENALTY``.
 ``local`` = that sum for the acting agent's own list; ``team`` = 1.0 when the real task is solved after the
 step, else 0.0.
-
-Departure from the paper: in the paper the tool agent writes code (e.g. a BFS) that prints the list. Here the
-tool agent outputs the list directly in both prompt styles, which a tiny policy can learn.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
+from .expert_programs import plan_path_program
 from .moves import DELTAS, PROPOSAL_SHOWN, parse_moves, solving_proposal
+from .tool_code import DEFAULT_TIMEOUT, ToolCodeMixin
 
 FORMAT_PENALTY = -1.0
 STEP_COST = 0.01
@@ -78,18 +82,22 @@ def render(size: int, walls: frozenset[Pos], pos: Pos, goal: Pos) -> str:
     return "\n".join(rows)
 
 
-class PlanPathEnv(MultiAgentEnv):
+class PlanPathEnv(ToolCodeMixin, MultiAgentEnv):
     name = "plan_path"
     team_roles = ("tool", "plan")
     single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 10, wall_prob: float = 0.22, max_turns: int = 4, style: str = "compact",
-                 split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None):
+                 split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None,
+                 tool_mode: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+        """``tool_mode``: ``code`` | ``direct`` (default: code for chat, direct for compact); ``timeout``:
+        seconds per tool program."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size < 2 or not 0.0 <= wall_prob < 0.6:
             raise ValueError(f"plan_path needs size >= 2 and 0 <= wall_prob < 0.6, got {size}, {wall_prob}")
         self.size, self.wall_prob, self.split = size, wall_prob, split
         self.max_moves = max_moves or 2 * size * size
+        self._setup_tool(tool_mode, timeout, style)
 
     # ---- episode --------------------------------------------------------------------------------------
     def _reset(self, seed: int) -> None:
@@ -100,6 +108,7 @@ class PlanPathEnv(MultiAgentEnv):
         self.problem_id = f"plan_path/{self.split}/{seed}"
         self.proposal: tuple[str, Pos, bool] | None = None  # the tool's latest (moves, simulated end, reached)
         self.history: list[str] = []  # executed action lists, for the chat prompt
+        self.tool_run = None  # code mode: the tool's latest program run
 
     def fingerprint_of(self, inst: tuple[frozenset[Pos], Pos, Pos]) -> str:
         walls, start, goal = inst
@@ -135,8 +144,9 @@ class PlanPathEnv(MultiAgentEnv):
         return pos, total, {"moves_used": used, "invalid_moves": invalid, "reached": reached}
 
     def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        text, run = self._read_tool(agent, text)
         moves, ok = parse_moves(text, self.max_moves)
-        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves)}
+        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves), **self._run_info(run, bool(moves))}
         if not moves:
             if agent == "tool":
                 self.proposal = None
@@ -155,10 +165,16 @@ class PlanPathEnv(MultiAgentEnv):
     def expert_action(self, agent: str) -> str:
         """The plan agent repeats the tool's proposal when its simulation reached the goal (a teammate's
         solution is used, not re-derived: ``moves.solving_proposal``); otherwise, and for
-        the tool, a BFS shortest path from the current position."""
+        the tool, a BFS shortest path from the current position. In code mode the tool writes that BFS as a
+        program (``expert_program``)."""
+        if agent == "tool" and self.tool_mode == "code":
+            return self._wrap(self.expert_program())
         p = self.proposal
         teammate = solving_proposal(agent, p and p[0], bool(p and p[2]))
         return teammate or bfs_path(self.size, self.walls, self.pos, self.goal) or ""
+
+    def expert_program(self, bug: str | None = None) -> str:
+        return plan_path_program(render(self.size, self.walls, self.pos, self.goal), bug)
 
     def answer_alphabet(self) -> str:
         return "UDLR"
@@ -180,10 +196,12 @@ class PlanPathEnv(MultiAgentEnv):
         lines = [head, render(self.size, self.walls, self.pos, self.goal)]
         if agent == "plan" and "tool" in self.agents:
             if self.proposal is None:
-                lines.append("T:?")
+                lines.append("T:?" + self._program_mark())
             else:
                 moves, end, reached = self.proposal
                 lines.append(f"T:{moves[:PROPOSAL_SHOWN]}@{end[0]},{end[1]}{'+' if reached else '-'}")
+        elif agent == "tool" and self._program_mark():
+            lines.append(self._program_mark().strip())
         return "\n".join(lines) + "\n>"
 
     def _chat(self, agent: str) -> Messages:
@@ -192,19 +210,25 @@ class PlanPathEnv(MultiAgentEnv):
             f"puzzle on a {self.size}x{self.size} grid. Cells: '#' wall, '.' free, 'A' your current position, "
             "'G' the goal. Moves: U (row-1), D (row+1), L (col-1), R (col+1); a move into a wall or off the grid "
             "leaves you in place. Rows and columns count from 0.")
-        if agent == "tool":
+        fmt = "Think briefly, then end with your answer as a list on the last line, e.g. [R, R, D, L]."
+        if agent == "tool" and self.tool_mode == "code":
+            task, fmt = self._tool_task("finds a move list taking A to G (a breadth-first search, say)",
+                                        "RRDL or [R, R, D, L]"), ""
+        elif agent == "tool":
             task = ("Propose a move list that takes A to G. Your proposal is simulated and shown to the plan "
                     "agent, who makes the real moves.")
         else:
             task = "Give the move list that is executed now, from the current position."
-        fmt = "Think briefly, then end with your answer as a list on the last line, e.g. [R, R, D, L]."
         body = [f"Turn {self.turn + 1} of {self.max_turns}.",
                 f"Current position: row {self.pos[0]}, col {self.pos[1]}. Goal: row {self.goal[0]}, "
                 f"col {self.goal[1]}.", "Grid:", render(self.size, self.walls, self.pos, self.goal)]
         if self.history:
             body.append("Moves executed so far: " + " then ".join(self.history))
-        if agent == "plan" and self.proposal is not None:
+        body += self._program_report(agent)
+        if self.proposal is not None and (agent == "plan" or self.tool_mode == "code"):
             moves, end, reached = self.proposal
-            body.append(f"Tool agent proposed [{', '.join(moves)}]; simulated from the current position it ends "
+            who, when = ("Tool agent", "the current position") if agent == "plan" else ("You", "where you were")
+            body.append(f"{who} proposed [{', '.join(moves)}]; simulated from {when} it ends "
                         f"at row {end[0]}, col {end[1]} ({'reaches' if reached else 'does not reach'} the goal).")
-        return [{"role": "system", "content": f"{rules} {task} {fmt}"}, {"role": "user", "content": "\n".join(body)}]
+        return [{"role": "system", "content": f"{rules} {task} {fmt}".rstrip()},
+                {"role": "user", "content": "\n".join(body)}]

@@ -1,8 +1,10 @@
-"""Sokoban: push every box onto a goal in a small generated room (REFERENCE section 5).
+"""Sokoban: push every box onto a goal in a small generated room.
 
 Roles as in Plan-Path: ``tool`` proposes a move list that is *simulated on a copy* of the state and scored (the
 real state does not move); ``plan`` sees the proposal and its simulated outcome and outputs the move list that is
-executed on the real state. ``roles=("plan",)`` gives the single-agent (L0) variant.
+executed on the real state. ``roles=("plan",)`` gives the single-agent (L0) variant. As in Plan-Path, the tool
+writes a program that prints its move list in ``tool_mode="code"`` (the default with chat prompts), and types
+the list in ``direct`` mode (the default with compact prompts); see ``tool_code``.
 
 Rooms: a wall border, random interior walls (the floor stays connected), goals on random floor cells, boxes on
 random non-goal cells that are not dead squares, the player on a free cell. An instance is kept only when a BFS
@@ -10,17 +12,16 @@ solver over (player, boxes) states solves it within ``SOLVER_CAP`` states (rando
 instead of gym-sokoban's reverse play). Moves U/D/L/R; moving into a box pushes it when the cell behind it is
 free floor (no box, no wall).
 
-Rewards per executed or simulated move (REFERENCE section 5): -0.01 per move, -0.05 more for an invalid move
+Rewards per executed or simulated move (docs/method.md): -0.01 per move, -0.05 more for an invalid move
 (nothing moved), +1 for a box pushed onto a goal, -0.5 for a box pushed off a goal, shaping
 ``+0.1 * (D - D')`` with D the sum over boxes of the Manhattan distance to the nearest goal, +10 on solving
-(execution stops there). An unparsable answer scores ``FORMAT_PENALTY``. ``local`` = that sum for the acting
+(execution stops there). An unparsable answer (in code mode also a program that crashes, times out or prints
+nothing readable) scores ``FORMAT_PENALTY``. ``local`` = that sum for the acting
 agent's own list; ``team`` = 1.0 when the real puzzle is solved after the step, else 0.0. The episode ends early
 (``_failed``) once a box stands on a dead square: a non-goal cell from which no sequence of pushes can bring a
 lone box to any goal (corners, most wall edges).
 
 Compact grid symbols: '#' wall, '.' floor, '_' goal, 'B' box, '*' box on a goal, 'A' player, '+' player on a goal.
-
-Departure from the paper: the tool agent outputs the move list directly instead of code that prints it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
+from .expert_programs import sokoban_program
 from .moves import DELTAS, PROPOSAL_SHOWN, parse_moves, solving_proposal
+from .tool_code import DEFAULT_TIMEOUT, ToolCodeMixin
 
 FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 STEP_COST = 0.01
@@ -185,19 +188,23 @@ def _fmt(ps: Boxes) -> str:
     return ";".join(f"{r},{c}" for r, c in ps)
 
 
-class SokobanEnv(MultiAgentEnv):
+class SokobanEnv(ToolCodeMixin, MultiAgentEnv):
     name = "sokoban"
     team_roles = ("tool", "plan")
     single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 6, num_boxes: int = 1, max_turns: int = 4, style: str = "compact",
-                 split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None):
+                 split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None,
+                 tool_mode: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+        """``tool_mode``: ``code`` | ``direct`` (default: code for chat, direct for compact); ``timeout``:
+        seconds per tool program."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size < 5 or num_boxes < 1 or 2 * num_boxes + 2 > (size - 2) ** 2:
             raise ValueError(f"sokoban needs size >= 5 and 1 <= num_boxes with room to spare, got {size}, "
                              f"{num_boxes}")
         self.size, self.num_boxes, self.split = size, num_boxes, split
         self.max_moves = max_moves or 3 * size * size
+        self._setup_tool(tool_mode, timeout, style)
 
     # ---- episode --------------------------------------------------------------------------------------
     def _reset(self, seed: int) -> None:
@@ -207,6 +214,7 @@ class SokobanEnv(MultiAgentEnv):
         self.problem_id = f"sokoban/{self.split}/{seed}"
         self.proposal: tuple[str, Pos, Boxes, bool] | None = None  # tool's (moves, end player, end boxes, solved)
         self.history: list[str] = []  # executed move lists, for the chat prompt
+        self.tool_run = None  # code mode: the tool's latest program run
 
     def fingerprint_of(self, inst: tuple[Room, Pos, Boxes]) -> str:
         room, player, boxes = inst
@@ -251,8 +259,9 @@ class SokobanEnv(MultiAgentEnv):
                                       "solved_by_moves": solved, "deadlocked": room.deadlocked(boxes)}
 
     def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        text, run = self._read_tool(agent, text)
         moves, ok = parse_moves(text, self.max_moves)
-        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves)}
+        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves), **self._run_info(run, bool(moves))}
         if not moves:
             if agent == "tool":
                 self.proposal = None
@@ -271,10 +280,16 @@ class SokobanEnv(MultiAgentEnv):
     def expert_action(self, agent: str) -> str:
         """The plan agent repeats the tool's proposal when its simulation solved the puzzle (a teammate's
         solution is used, not re-derived: ``moves.solving_proposal``); otherwise, and for
-        the tool, the BFS solver's shortest move string from the current state ('' when it finds none)."""
+        the tool, the BFS solver's shortest move string from the current state ('' when it finds none). In code
+        mode the tool writes such a solver as a program (``expert_program``)."""
+        if agent == "tool" and self.tool_mode == "code":
+            return self._wrap(self.expert_program())
         p = self.proposal
         teammate = solving_proposal(agent, p and p[0], bool(p and p[3]))
         return teammate or self.room.solve(self.player, self.boxes) or ""
+
+    def expert_program(self, bug: str | None = None) -> str:
+        return sokoban_program(self.room.render(self.player, self.boxes), bug)
 
     def answer_alphabet(self) -> str:
         return "UDLR"
@@ -290,11 +305,13 @@ class SokobanEnv(MultiAgentEnv):
         lines = [head, self.room.render(self.player, self.boxes)]
         if agent == "plan" and "tool" in self.agents:
             if self.proposal is None:
-                lines.append("T:?")
+                lines.append("T:?" + self._program_mark())
             else:
                 moves, player, boxes, solved = self.proposal
                 mark = "+" if solved else "-"
                 lines.append(f"T:{moves[:PROPOSAL_SHOWN]}@A{player[0]},{player[1]} B{_fmt(boxes)}{mark}")
+        elif agent == "tool" and self._program_mark():
+            lines.append(self._program_mark().strip())
         return "\n".join(lines) + "\n>"
 
     def _chat(self, agent: str) -> Messages:
@@ -306,12 +323,15 @@ class SokobanEnv(MultiAgentEnv):
             "a wall or into a box that cannot move leaves everything in place. The puzzle is solved when every "
             "box is on a goal. A box pushed into a corner that is not a goal can never move out. Rows and columns "
             "count from 0.")
-        if agent == "tool":
+        fmt = "Think briefly, then end with your answer as a list on the last line, e.g. [R, R, D, L]."
+        if agent == "tool" and self.tool_mode == "code":
+            task, fmt = self._tool_task("finds a move list that solves the puzzle (a search over player and box "
+                                        "positions, say)", "RRDL or [R, R, D, L]"), ""
+        elif agent == "tool":
             task = ("Propose a move list that solves the puzzle. Your proposal is simulated and shown to the plan "
                     "agent, who makes the real moves.")
         else:
             task = "Give the move list that is executed now, from the current position."
-        fmt = "Think briefly, then end with your answer as a list on the last line, e.g. [R, R, D, L]."
         body = [f"Turn {self.turn + 1} of {self.max_turns}.",
                 f"You are at row {self.player[0]}, col {self.player[1]}. Boxes at (row, col): "
                 f"{', '.join(f'({r}, {c})' for r, c in self.boxes)}. Goals at: "
@@ -319,11 +339,14 @@ class SokobanEnv(MultiAgentEnv):
                 "Grid:", self.room.render(self.player, self.boxes)]
         if self.history:
             body.append("Moves executed so far: " + " then ".join(self.history))
-        if agent == "plan" and self.proposal is not None:
+        body += self._program_report(agent)
+        if self.proposal is not None and (agent == "plan" or self.tool_mode == "code"):
             moves, player, boxes, solved = self.proposal
-            body.append(f"Tool agent proposed [{', '.join(moves)}]; simulated from the current state it ends with "
+            who, when = ("Tool agent", "the current state") if agent == "plan" else ("You", "the state back then")
+            body.append(f"{who} proposed [{', '.join(moves)}]; simulated from {when} it ends with "
                         f"you at row {player[0]}, col {player[1]} and boxes at "
                         f"{', '.join(f'({r}, {c})' for r, c in boxes)} "
                         f"({'solves' if solved else 'does not solve'} the puzzle). Its result:")
             body.append(self.room.render(player, boxes))
-        return [{"role": "system", "content": f"{rules} {task} {fmt}"}, {"role": "user", "content": "\n".join(body)}]
+        return [{"role": "system", "content": f"{rules} {task} {fmt}".rstrip()},
+                {"role": "user", "content": "\n".join(body)}]

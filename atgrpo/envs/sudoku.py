@@ -1,8 +1,11 @@
-"""Sudoku: complete a 4x4 (2x2 boxes) or 9x9 (3x3 boxes) puzzle with a unique solution (REFERENCE section 5).
+"""Sudoku: complete a 4x4 (2x2 boxes) or 9x9 (3x3 boxes) puzzle with a unique solution.
 
 Roles as in Plan-Path: ``tool`` proposes an action that is *simulated on a copy* of the board and scored;
 ``plan`` sees the proposal, the board it leads to and whether it was consistent, and gives the action applied
-to the real board. ``roles=("plan",)`` gives the single-agent (L0) variant.
+to the real board. ``roles=("plan",)`` gives the single-agent (L0) variant. In ``tool_mode="code"`` (the
+default with chat prompts) the tool writes a program (a solver) whose last printed line is its action, on one
+line (a slash grid, a list of lists, or fills); in ``direct`` mode (the default with compact prompts) it types
+the action; see ``tool_code``.
 
 Puzzles: a random full grid (randomised backtracking), then cells are removed in random order while the solution
 stays unique (a backtracking counter that stops at 2), until ``holes`` cells are empty.
@@ -20,11 +23,12 @@ is always consistent. Non-given cells may be overwritten later.
 Rewards: ``local`` = 0.1 x (change in the number of non-given cells that hold their solution digit) - 0.1 per
 violation - 0.2 per fill on a given, +2 when the board is solved after the action; a rejected grid scores
 ``REJECT_PENALTY`` and an unparsable answer ``FORMAT_PENALTY`` (added to the rest when only part of the text
-parsed). Solved means the board equals the unique solution, so a valid grid that ignores the givens never counts.
+parsed; in code mode a program that crashes, times out or prints nothing readable also scores it). Solved means the board equals the unique solution, so a valid grid that ignores the givens never counts.
 ``team`` = 1.0 when the real puzzle is solved after the step, else 0.0.
 
 Expert action: the solution, as a slash grid in the compact style and as fills of the cells that differ from the
-solution (wrong cells erased first) in the chat style.
+solution (wrong cells erased first) in the chat style; in code mode the tool writes a backtracking solver that
+prints the slash grid (``expert_programs``).
 
 Departures from the paper: the paper does not specify the progress reward; here progress is measured against
 the unique solution, a potential-based signal (erasing then refilling a cell nets zero).
@@ -39,6 +43,8 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
+from .expert_programs import sudoku_program
+from .tool_code import DEFAULT_TIMEOUT, ToolCodeMixin
 
 FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 REJECT_PENALTY = -0.5
@@ -213,13 +219,16 @@ def parse_action(text: str, n: int) -> tuple[str, list[int] | list[tuple[int, in
     return "fills", fills, ok and len(fills) == len(raw) and bool(fills)
 
 
-class SudokuEnv(MultiAgentEnv):
+class SudokuEnv(ToolCodeMixin, MultiAgentEnv):
     name = "sudoku"
     team_roles = ("tool", "plan")
     single_agent_roles = ("plan",)
 
     def __init__(self, size: int = 4, max_turns: int = 4, style: str = "compact", split: str = "train",
-                 roles: tuple[str, ...] | None = None, holes: int | None = None):
+                 roles: tuple[str, ...] | None = None, holes: int | None = None, tool_mode: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT):
+        """``tool_mode``: ``code`` | ``direct`` (default: code for chat, direct for compact); ``timeout``:
+        seconds per tool program."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size not in DEFAULT_HOLES:
             raise ValueError(f"sudoku size must be 4 or 9, got {size}")
@@ -227,6 +236,7 @@ class SudokuEnv(MultiAgentEnv):
         if not 1 <= holes <= MAX_HOLES[size]:
             raise ValueError(f"sudoku size {size} needs 1 <= holes <= {MAX_HOLES[size]}, got {holes}")
         self.n, self.holes, self.split = size, holes, split
+        self._setup_tool(tool_mode, timeout, style)
 
     # ---- episode --------------------------------------------------------------------------------------
     def _reset(self, seed: int) -> None:
@@ -236,6 +246,7 @@ class SudokuEnv(MultiAgentEnv):
         self.board: Board = list(self.givens)
         self.problem_id = f"sudoku/{self.split}/{seed}"
         self.proposal: tuple[str, str] | None = None  # tool's (board after simulation, status code)
+        self.tool_run = None  # code mode: the tool's latest program run
 
     def fingerprint_of(self, inst: tuple[tuple[int, ...], tuple[int, ...]]) -> str:
         return f"{self.n}|{slash(inst[0], self.n)}"
@@ -276,8 +287,10 @@ class SudokuEnv(MultiAgentEnv):
         return new, reward, stats
 
     def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        text, run = self._read_tool(agent, text)
         kind, payload, ok = parse_action(text, self.n)
-        info: dict[str, Any] = {"parse_error": not ok, "kind": kind}
+        info: dict[str, Any] = {"parse_error": not ok, "kind": kind,
+                                **self._run_info(run, kind != "none" and bool(payload))}
         if kind == "none" or not payload:
             if agent == "tool":
                 self.proposal = None
@@ -297,12 +310,17 @@ class SudokuEnv(MultiAgentEnv):
         return Reward(team=1.0 if self.success else 0.0, local=local), info
 
     def expert_action(self, agent: str) -> str:
+        if agent == "tool" and self.tool_mode == "code":
+            return self._wrap(self.expert_program())
         if self.style == "compact":
             return slash(self.solution, self.n)
         wrong = [i for i, v in enumerate(self.board) if v and v != self.solution[i]]
         todo = [i for i, v in enumerate(self.board) if v != self.solution[i]]
         fills = [(i, 0) for i in wrong] + [(i, self.solution[i]) for i in todo]
         return "[" + ", ".join(f"({i // self.n}, {i % self.n}, {v})" for i, v in fills) + "]"
+
+    def expert_program(self, bug: str | None = None) -> str:
+        return sudoku_program(render(self.givens, self.n), bug)
 
     def answer_alphabet(self) -> str:
         return "".join(str(d) for d in range(1, self.n + 1))
@@ -317,7 +335,10 @@ class SudokuEnv(MultiAgentEnv):
         head = f"{agent[0].upper()}{self.turn} E{self.board.count(0)}"
         lines = [head, render(self.board, self.n)]
         if agent == "plan" and "tool" in self.agents:
-            lines.append("T:?" if self.proposal is None else f"T:{self.proposal[0]} {self.proposal[1]}")
+            lines.append("T:?" + self._program_mark() if self.proposal is None
+                         else f"T:{self.proposal[0]} {self.proposal[1]}")
+        elif agent == "tool" and self._program_mark():
+            lines.append(self._program_mark().strip())
         return "\n".join(lines) + "\n>"
 
     def _chat(self, agent: str) -> Messages:
@@ -330,18 +351,25 @@ class SudokuEnv(MultiAgentEnv):
             "1234/3412/2143/4321 for a 4x4 grid) or with a list of fills "
             "[(row, col, value), ...], rows and columns counted from 0 (value 0 erases a cell you filled). A "
             "fill that repeats a digit in its row, column or box is refused and penalised.")
-        if agent == "tool":
+        fmt = "Think briefly, then give your answer (the grid or the list of fills) last."
+        if agent == "tool" and self.tool_mode == "code":
+            task, fmt = self._tool_task("solves the puzzle (backtracking, say), writes the completed grid on one "
+                                        "line with rows separated by '/',", "1234/3412/2143/4321" if n == 4 else
+                                        "534678912/672195348/... (all 9 rows)"), ""
+        elif agent == "tool":
             task = ("Propose an answer. It is checked on a copy of the board and shown to the plan agent, who "
                     "makes the real move.")
         else:
             task = "Give the answer that is applied to the board now."
-        fmt = "Think briefly, then give your answer (the grid or the list of fills) last."
         body = [f"Turn {self.turn + 1} of {self.max_turns}.", "Puzzle (givens):", render(self.givens, n),
                 "Current board:", render(self.board, n)]
-        if agent == "plan" and self.proposal is not None:
+        body += self._program_report(agent)
+        if self.proposal is not None and (agent == "plan" or self.tool_mode == "code"):
             board, code = self.proposal
             verdict = {"R": "was rejected because it changes a given", "S": "solves the puzzle",
                        "C": "is consistent (no refused fill) but does not complete the puzzle"}.get(
                 code, f"had {code[1:]} refused fill(s) (conflicts or givens)")
-            body += [f"Tool agent's proposal {verdict}. The board it leads to:", board.replace("/", "\n")]
-        return [{"role": "system", "content": f"{rules} {task} {fmt}"}, {"role": "user", "content": "\n".join(body)}]
+            who = "Tool agent's proposal" if agent == "plan" else "Your proposal, checked on the board back then,"
+            body += [f"{who} {verdict}. The board it leads to:", board.replace("/", "\n")]
+        return [{"role": "system", "content": f"{rules} {task} {fmt}".rstrip()},
+                {"role": "user", "content": "\n".join(body)}]
