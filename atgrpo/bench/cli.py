@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("rollout", "update", "step", "all", "learning")
+BENCHES = ("rollout", "update", "step", "all", "learning", "experts")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,12 +23,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-size", type=int, help="tiny model width (default: TinyModelConfig)")
     p.add_argument("--num-layers", type=int, help="tiny model depth (default: TinyModelConfig)")
     p.add_argument("--no-trl", action="store_true", help="step: time atgrpo only")
+    p.add_argument("--engine", help="rollout: compare rollout engines on a Hugging Face model instead, e.g. "
+                   "native,vllm (SmolLM2 shape: 8 chat prompts x ~300 tokens, K=8, 64 new tokens)")
+    p.add_argument("--model", help="--engine: a local Hugging Face model directory (default: model.preset "
+                   "smollm2-135m)")
+    p.add_argument("--vllm-python", help="--engine: the Python that has vLLM (default: $ATGRPO_VLLM_PYTHON)")
+    p.add_argument("--vllm-threads", help="--engine: VLLM_CPU_OMP_THREADS_BIND for the engine, e.g. 0-1")
+    p.add_argument("--train-step", action="store_true", help="--engine: also time one atgrpo train step per engine")
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
     p.add_argument("--quick", action="store_true", help="learning: the smoke-test size (1 seed, 2 steps)")
-    p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku")
+    p.add_argument("--tasks", help="learning, experts: comma-separated subset of plan_path,sokoban,sudoku")
     p.add_argument("--seeds", type=int, help="learning: seeds per cell (default 3; --quick: 1)")
     p.add_argument("--jobs", type=int, help="learning: runs side by side, one torch thread each (default: cores)")
+    p.add_argument("--problems", type=int, default=50, help="experts: held-out instances per game (default 50)")
 
 
 def command_line(args) -> str:
@@ -43,6 +51,13 @@ def command_line(args) -> str:
 
 
 def run(args) -> int:
+    if args.which == "experts":
+        from .experts import bench_experts
+
+        bench_experts(args.problems, args.tasks.split(",") if args.tasks else None, args.out)
+        with open(f"{args.out}/experts.md") as f:
+            print(f.read())
+        return 0
     if args.which == "learning":
         from .learning import run_learning_bench
 
@@ -52,6 +67,8 @@ def run(args) -> int:
         with open(f"{out}/results.md") as f:
             print(f.read())
         return 1 if result["failed"] else 0
+    if args.which == "rollout" and args.engine:
+        return _run_engines(args)
     import torch
 
     from ..policies import TinyModelConfig
@@ -89,4 +106,25 @@ def run(args) -> int:
             bench_step(shape, args.out, f"step_{tag}", cmd, with_trl=not args.no_trl)
         with open(f"{args.out}/{name}_{tag}.md") as f:
             print(f.read())
+    return 0
+
+
+def _run_engines(args) -> int:
+    from ..config import VLLMConfig
+    from .engines import bench_engines
+
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    bad = sorted(set(engines) - {"native", "vllm"})
+    if bad or not engines:
+        raise SystemExit(f"atgrpo bench: --engine takes native and/or vllm, comma-separated (got {args.engine!r})")
+    cmd = " ".join(["atgrpo bench rollout --engine", args.engine] + (["--model", args.model] if args.model else [])
+                   + (["--train-step"] if args.train_step else []))
+    vcfg = VLLMConfig(python=args.vllm_python, cpu_threads=args.vllm_threads)
+    tag = args.tag or "engines"
+    bench_engines(engines, args.out, f"rollout_{tag}", cmd, model_path=args.model,
+                  prompts=args.prompts or 8, prompt_tokens=int(args.prompt_len or 300), K=args.K or 8,
+                  new_tokens=args.new_tokens or 64, reps=args.reps, warmup=args.warmup, seed=args.seed,
+                  vllm_cfg=vcfg, train_step=args.train_step)
+    with open(f"{args.out}/rollout_{tag}.md") as f:
+        print(f.read())
     return 0
