@@ -8,7 +8,7 @@ The tool's proposal (``tool_mode``, ``tool_code``): in ``code`` mode, as in the 
 (e.g. a BFS) whose last printed line is the action list; in ``direct`` mode it types the list itself. Default:
 ``code`` with chat prompts, ``direct`` with compact prompts (the tiny policy).
 
-Rewards per executed or simulated move (docs/method.md): -0.01 per move, -0.1 for an invalid move
+Rewards per executed or simulated move: -0.01 per move, -0.1 for an invalid move
 (position unchanged), potential shaping ``gamma * Phi' - Phi`` with ``Phi = -manhattan(pos, goal)``, +1.0 on
 reaching the goal (execution stops there), +0.5 more when the list reached the goal in the BFS-optimal number
 of moves from the position it started at. An unparsable answer (in code mode also a program that crashes,

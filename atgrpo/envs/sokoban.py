@@ -12,7 +12,7 @@ solver over (player, boxes) states solves it within ``SOLVER_CAP`` states (rando
 instead of gym-sokoban's reverse play). Moves U/D/L/R; moving into a box pushes it when the cell behind it is
 free floor (no box, no wall).
 
-Rewards per executed or simulated move (docs/method.md): -0.01 per move, -0.05 more for an invalid move
+Rewards per executed or simulated move: -0.01 per move, -0.05 more for an invalid move
 (nothing moved), +1 for a box pushed onto a goal, -0.5 for a box pushed off a goal, shaping
 ``+0.1 * (D - D')`` with D the sum over boxes of the Manhattan distance to the nearest goal, +10 on solving
 (execution stops there). An unparsable answer (in code mode also a program that crashes, times out or prints
