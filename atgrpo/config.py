@@ -19,6 +19,7 @@ from .algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
 
 SHARING_LEVELS = ("L0", "L1", "L2", "L3")
 ROLLOUT_MODES = ("tree", "trajectory")
+ROLLOUT_ENGINES = ("native", "vllm")
 MODEL_KINDS = ("tiny", "hf")
 BACKENDS = ("local", "ray")
 
@@ -72,12 +73,26 @@ class PolicyConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """``rollout.engine=vllm`` (docs/models.md, "The vLLM engine"): where and how the engine process runs."""
+
+    python: str | None = None  # the Python that has vLLM (null: $ATGRPO_VLLM_PYTHON, else this interpreter)
+    gpu_memory_utilization: float = 0.5  # GPU: the share of its memory vLLM may claim
+    kv_cache_gb: float = 1.0  # CPU: the KV cache size in GiB (set explicitly, vLLM skips its RAM-share check)
+    cpu_threads: str | None = None  # CPU: cores for vLLM's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND, e.g. 0-1)
+    max_model_len: int = 0  # 0: model.max_prompt_tokens + rollout.max_new_tokens
+    startup_timeout_s: float = 900.0
+
+
+@dataclass
 class RolloutConfig:
     mode: str = "tree"  # tree (AT-GRPO) | trajectory (K independent episodes per problem)
     K: int = 8
     problems_per_step: int = 16
     temperature: float = 1.0
     max_new_tokens: int = 12
+    engine: str = "native"  # native (cascade decoding on transformers) | vllm (model.kind=hf; docs/models.md)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
 @dataclass
@@ -290,6 +305,7 @@ def validate(cfg: Config) -> None:
     if cfg.policy.sharing == "L2":
         _validate_lora(cfg)
     _choice("rollout.mode", cfg.rollout.mode, ROLLOUT_MODES)
+    _choice("rollout.engine", cfg.rollout.engine, ROLLOUT_ENGINES)
     _choice("algo.group_key", cfg.algo.group_key, list(GROUP_KEYS))
     _choice("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS)
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS)
@@ -318,6 +334,30 @@ def validate(cfg: Config) -> None:
         raise ConfigError("rollout.temperature=0 makes all K candidates identical; use a temperature > 0")
     _choice("trainer.backend", cfg.trainer.backend, BACKENDS)
     _validate_ray(cfg.trainer.ray)
+    if cfg.rollout.engine == "vllm":
+        _validate_vllm(cfg)
+
+
+def _validate_vllm(cfg: Config) -> None:
+    if cfg.model.kind != "hf":
+        raise ConfigError(f"rollout.engine=vllm needs model.kind=hf (a Hugging Face model directory vLLM can load); "
+                          f"model.kind={cfg.model.kind!r} runs on rollout.engine=native")
+    if cfg.trainer.backend != "local":
+        raise ConfigError("rollout.engine=vllm runs with trainer.backend=local (the Ray backend samples with the "
+                          "native engine on its rollout workers)")
+    v = cfg.rollout.vllm
+    if not (isinstance(v.gpu_memory_utilization, (int, float)) and 0 < v.gpu_memory_utilization <= 1):
+        raise ConfigError(f"rollout.vllm.gpu_memory_utilization={v.gpu_memory_utilization!r} must be in (0, 1]")
+    _positive("rollout.vllm.kv_cache_gb", v.kv_cache_gb)
+    _positive("rollout.vllm.startup_timeout_s", v.startup_timeout_s)
+    if not isinstance(v.max_model_len, int) or isinstance(v.max_model_len, bool) or v.max_model_len < 0:
+        raise ConfigError(f"rollout.vllm.max_model_len={v.max_model_len!r} must be an integer >= 0 (0: prompt + "
+                          f"response budget)")
+    from .rollout.vllm_engine import engine_python, vllm_missing  # local import: pulls in torch
+
+    err = vllm_missing(engine_python(v))
+    if err:
+        raise ConfigError(err)
 
 
 def _validate_ray(r: RayConfig) -> None:

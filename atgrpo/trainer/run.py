@@ -167,6 +167,10 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
         from .ray_backend import RayBackend
 
         state.backend = RayBackend(cfg)
+    elif cfg.rollout.engine == "vllm":  # engines start after the warm start (or resume), with its weights
+        from .vllm_backend import VLLMBackend
+
+        state.backend = VLLMBackend(cfg, state)
     try:
         dump = set(cfg.train.dump_rollouts) or {1, cfg.train.steps}
         every = cfg.train.checkpoint_every

@@ -1,0 +1,166 @@
+"""Rollout engines side by side: ``atgrpo bench rollout --engine native,vllm`` on a real Hugging Face model.
+
+The SmolLM2 shape by default: 8 chat prompts (Plan-Path observations through the model's chat template, padded
+with more of the grid description to about 300 tokens), K = 8 samples each, 64 new tokens, temperature 1,
+float32, in one process: every repetition runs each engine once, in rotating order (``interleaved``); EOS is
+suppressed on both (native: a -1e4 bias on its logit; vLLM: no stop token, ``ignore_eos``), so each engine
+produces exactly P * K * T tokens (checked). Also measured: the vLLM engine's start-up, its full-weight sync
+(the trainer's ``state_dict`` written to /dev/shm and reloaded in place, median of ``reps``), and with
+``--train-step`` one whole ``atgrpo train`` step (rollout + recompute + update + sync) with each engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .common import interleaved, machine, summarize, write_report
+
+
+def _policy(model_path: str | None, preset: str | None, max_prompt_tokens: int):
+    from ..config import ModelConfig
+    from ..policies.hf import load_hf_model, make_hf_policy
+
+    mcfg = ModelConfig(kind="hf", path=model_path, preset=None if model_path else preset,
+                       max_prompt_tokens=max_prompt_tokens)
+    model, tok = load_hf_model(mcfg)
+    return make_hf_policy("bench", model, tok, mcfg), mcfg
+
+
+def chat_prompts(policy, count: int, target_tokens: int, seed: int) -> list[list[int]]:
+    """``count`` chat prompts of about ``target_tokens`` tokens: Plan-Path observations (10x10 grids), the user
+    message extended with more grid rows until the rendered prompt reaches the target."""
+    from ..envs import make
+
+    out = []
+    for i in range(count):
+        env = make("plan_path", style="chat", size=10, wall_prob=0.22, max_turns=4)
+        env.reset(seed * 1000 + i)
+        msgs = env.observe()
+        ids = policy.encode(policy.render(msgs))
+        extra = 0
+        while len(ids) < target_tokens:
+            extra += 1
+            more = [dict(m) for m in msgs]
+            more[-1]["content"] = more[-1]["content"] + "\nNote: " + " ".join(f"cell {extra}-{j} checked"
+                                                                             for j in range(extra))
+            ids = policy.encode(policy.render(more))
+        out.append(ids)
+    return out
+
+
+def bench_engines(engines: list[str], out_dir: str, name: str, command: str, model_path: str | None = None,
+                  preset: str | None = "smollm2-135m", prompts: int = 8, prompt_tokens: int = 300, K: int = 8,
+                  new_tokens: int = 64, reps: int = 3, warmup: int = 1, seed: int = 0, vllm_cfg=None,
+                  train_step: bool = False) -> dict:
+    from ..config import VLLMConfig
+
+    vcfg = vllm_cfg or VLLMConfig()
+    policy, mcfg = _policy(model_path, preset, max(4096, prompt_tokens + 64))
+    policy.model.eval()
+    prompt_ids = chat_prompts(policy, prompts, prompt_tokens, seed)
+    P, T, expect = len(prompt_ids), new_tokens, len(prompt_ids) * K * new_tokens
+    gen = torch.Generator().manual_seed(seed)
+    counts: dict[str, int] = {}
+    methods, extra, engine = {}, {}, None
+    load = _loadavg()
+    if "native" in engines:
+        vocab = policy.model.get_output_embeddings().weight.shape[0]
+        bias = torch.zeros(vocab)
+        bias[policy.eos_id] = -1e4
+
+        def native():
+            hook = policy.model.get_output_embeddings().register_forward_hook(lambda m, i, o: o + bias.to(o.dtype))
+            try:
+                out = policy.generate(prompt_ids, K, 1.0, T, gen)
+            finally:
+                hook.remove()
+            counts["native"] = sum(len(c.ids) for row in out for c in row)
+
+        methods["native"] = native
+    try:
+        if "vllm" in engines:
+            from ..policies.hf import resolve_model_dir
+            from ..rollout.vllm_engine import VLLMEngine
+
+            t = time.perf_counter()
+            engine = VLLMEngine(resolve_model_dir(mcfg), vcfg, dtype=mcfg.dtype, seed=seed,
+                                max_model_len=max(map(len, prompt_ids)) + T + 8, name="bench")
+            extra["vllm_startup_s"] = time.perf_counter() - t
+            syncs = [engine.load_weights(policy.model.state_dict()) for _ in range(max(1, reps))]
+            extra["vllm_weight_sync_s"] = sorted(syncs)[len(syncs) // 2]
+            extra["vllm_weight_sync_all_s"] = [round(s, 3) for s in syncs]
+            extra["vllm_version"] = engine.vllm_version
+
+            def vllm():
+                seed_ = int(torch.randint(0, 2**30, (1,), generator=gen))
+                out = engine.generate(prompt_ids, K, 1.0, T, [], seed_)
+                counts["vllm"] = sum(len(ids) for row in out for ids, _, _ in row)
+
+            methods["vllm"] = vllm
+        times = interleaved(methods, reps, warmup)
+    finally:
+        if engine is not None:
+            engine.close()
+    assert all(c == expect for c in counts.values()), f"unequal token counts {counts}, expected {expect} each"
+    res = {m: summarize(times[m], expect) for m in methods}
+    if train_step:
+        extra["train_step"] = {e: _train_step_seconds(e, model_path, preset, vcfg) for e in engines}
+    result = {"bench": "engines", "shape": {"prompts": P, "prompt_len": [min(map(len, prompt_ids)),
+                                                                       max(map(len, prompt_ids))],
+                                            "K": K, "new_tokens": T, "reps": reps},
+              "machine": {**machine(), "loadavg_1m_at_end": _loadavg()}, "loadavg_1m_at_start": load,
+              "methods": res, **extra, "command": command}
+    rows = [(m, expect, res[m]["median_s"], res[m]["tokens_per_s"]) for m in methods]
+    notes = [f"load average (1 min) at start {load:.2f}, at end {_loadavg():.2f}"]
+    if "vllm_startup_s" in extra:
+        notes.append(f"vLLM {extra['vllm_version']}: engine start-up {extra['vllm_startup_s']:.1f} s; full-weight "
+                     f"sync {extra['vllm_weight_sync_s']:.2f} s (median of {extra['vllm_weight_sync_all_s']})")
+    for e, s in extra.get("train_step", {}).items():
+        notes.append(f"atgrpo train step with rollout.engine={e}: {s['step_s']:.1f} s (rollout {s['rollout_s']:.1f} "
+                     f"s, update {s['update_s']:.1f} s, weight sync {s.get('sync_s', 0.0):.2f} s; {s['config']})")
+    write_report(out_dir, name, result, rows, ("engine", "tokens", "median s", "tokens/s"), notes)
+    return result
+
+
+def _loadavg() -> float:
+    import os
+
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+STEP_OVERRIDES = ["model.kind=hf", "env.style=chat", "env.name=plan_path", "policy.sharing=L1", "rollout.K=8",
+                  "rollout.problems_per_step=4", "rollout.max_new_tokens=64", "warmstart.enabled=false",
+                  "algo.lr=1e-5", "eval.problems=1", "train.steps=2"]
+
+
+def _train_step_seconds(engine: str, model_path: str | None, preset: str | None, vcfg) -> dict:
+    """Seconds of one ``train_step`` (the second of two: the first warms up) with ``rollout.engine=engine``."""
+    import dataclasses
+
+    from ..config import load_config
+    from ..trainer.run import build_state
+    from ..trainer.step import train_step
+
+    src = f"model.path={model_path}" if model_path else f"model.preset={preset}"
+    over = STEP_OVERRIDES + [src, f"rollout.engine={engine}"]
+    over += [f"rollout.vllm.{f.name}={getattr(vcfg, f.name)}" for f in dataclasses.fields(vcfg)
+             if getattr(vcfg, f.name) is not None]
+    cfg = load_config(None, over)
+    state = build_state(cfg)
+    if engine == "vllm":
+        from ..trainer.vllm_backend import VLLMBackend
+
+        state.backend = VLLMBackend(cfg, state)
+    try:
+        train_step(state, 1)
+        m, _ = train_step(state, 2)
+    finally:
+        state.backend.close()
+    out = {"step_s": m["time/step"], "rollout_s": m["time/rollout"], "update_s": m["time/update"],
+           "config": "L1 chat Plan-Path, 4 problems, K=8, 64 new tokens, 2nd step"}
+    if engine == "vllm":
+        out["sync_s"] = m["time/weight_sync"]
+        out["logprob_gap_max"] = m["rollout/logprob_gap/shared/max"]
+    return out
