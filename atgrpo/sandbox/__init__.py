@@ -49,8 +49,8 @@ What is NOT isolated
     This is a guard-rail against buggy or greedy programs, not a security boundary:
     no seccomp filter, the kernel is shared (kernel exploits win), world-readable
     files (``/etc``, the repository outside atgrpo's package, site-packages) can be
-    read, memory is limited by
-    address space (not cgroups), disk use in the working directory only per file.
+    read, memory is limited by address space (not cgroups), disk use in the working
+    directory only per file.
     The pre-exec hook forks from the (possibly multi-threaded) caller and runs only
     plain syscalls via ``os``/``ctypes`` before exec.
 
