@@ -26,7 +26,8 @@ CodeContests / LiveCodeBench records; the tester needs records with a ``solution
 
 Departures from the paper: up to 3 turns by default (paper: 5); the tester's reward formula is not given in the
 paper and is defined here; results of one program on one input are cached (a nondeterministic program is
-judged once per input; one cache, ``programs``, for every task that runs programs); on HumanEval the coder sees the function prompt and is scored by the official check.
+judged once per input; one cache, ``programs``, for every task that runs programs); on HumanEval the coder
+sees the function prompt and is scored by the official check.
 """
 
 from __future__ import annotations

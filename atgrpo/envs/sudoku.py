@@ -23,7 +23,8 @@ is always consistent. Non-given cells may be overwritten later.
 Rewards: ``local`` = 0.1 x (change in the number of non-given cells that hold their solution digit) - 0.1 per
 violation - 0.2 per fill on a given, +2 when the board is solved after the action; a rejected grid scores
 ``REJECT_PENALTY`` and an unparsable answer ``FORMAT_PENALTY`` (added to the rest when only part of the text
-parsed; in code mode a program that crashes, times out or prints nothing readable also scores it). Solved means the board equals the unique solution, so a valid grid that ignores the givens never counts.
+parsed; in code mode a program that crashes, times out or prints nothing readable also scores it). Solved
+means the board equals the unique solution, so a valid grid that ignores the givens never counts.
 ``team`` = 1.0 when the real puzzle is solved after the step, else 0.0.
 
 Expert action: the solution, as a slash grid in the compact style and as fills of the cells that differ from the
