@@ -122,7 +122,8 @@ class WarmStartConfig:
     noise: float = 0.3  # probability that each expert move is replaced by a random move
     epochs: int = 2
     lr: float = 1e-3
-    batch_size: int = 64
+    batch_size: int = 64  # demonstrations per optimizer step
+    token_budget: int = 16384  # padded tokens per forward/backward (a batch is split to fit: real models)
 
 
 @dataclass
@@ -310,7 +311,7 @@ def validate(cfg: Config) -> None:
     _choice("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS)
     _choice("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS)
     for key in ("rollout.K", "rollout.problems_per_step", "rollout.max_new_tokens", "algo.minibatches",
-                "algo.micro_batch_size", "eval.problems", "warmstart.batch_size", "model.max_prompt_tokens",
+                "algo.micro_batch_size", "eval.problems", "warmstart.batch_size", "warmstart.token_budget", "model.max_prompt_tokens",
                 "train.keep_checkpoints", "train.max_nonfinite"):
         sect, name = key.split(".")
         value = getattr(getattr(cfg, sect), name)

@@ -80,9 +80,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}")
 
 
-def _write_hf_dir(d: str) -> str:
-    """A tiny Llama + a byte-level BPE tokenizer with a Qwen3-like chat template (no download)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def _write_hf_dir(d: str, add_bos: bool = False) -> str:
+    """A tiny Llama + a byte-level BPE tokenizer with a Qwen3-like chat template (no download). ``add_bos``:
+    the tokenizer prepends ``<s>`` to every string it encodes with special tokens (as Llama's do)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
@@ -91,6 +92,8 @@ def _write_hf_dir(d: str) -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(specials)
+    if add_bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>")
     fast.chat_template = CHAT_TEMPLATE
     cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -359,3 +362,79 @@ def test_smollm2_lora_checkpoint_reloads_with_plain_transformers_and_peft(tmp_pa
     ours = plan.generate([plan.encode(plan.render(msgs))], 1, 0.0, 16)[0][0]
     theirs = _greedy_hf(model, tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id, tok.pad_token_id)
     assert tok.decode(theirs, skip_special_tokens=True) == ours.text and theirs == ours.ids
+
+
+# ---- warm start of real models --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_bos_dir(tmp_path_factory):
+    return _write_hf_dir(str(tmp_path_factory.mktemp("hf_bos_model")), add_bos=True)
+
+
+def test_warmstart_answers_are_tokenised_as_rollouts_without_bos(hf_bos_dir):
+    """A tokenizer that prepends BOS to every string must not put one into a demonstration's answer: the
+    answer is the tokens a rollout would sample after the same rendered prompt, then EOS."""
+    from atgrpo.trainer.warmstart import WARMSTART_SEED_OFFSET, collect_demonstrations
+
+    cfg = load_config(overrides=_hf(hf_bos_dir, "env.name=math", "warmstart.episodes=3", "warmstart.noise=0"))
+    st = build_state(cfg)
+    pol = st.policies["shared"]
+    assert pol.tokenizer("12")["input_ids"][0] == pol.tokenizer.bos_token_id  # the tokenizer does add BOS
+    demos = collect_demonstrations(st.make_env, st.agent_map, st.policies, cfg.warmstart, cfg.seed)["shared"]
+    assert len(demos) >= 6  # 3 episodes, tool and reasoner each act at least once
+    for prompt_ids, answer_ids in demos:
+        assert pol.tokenizer.bos_token_id not in answer_ids
+        assert answer_ids[-1] == pol.eos_id and answer_ids.count(pol.eos_id) == 1
+        text = pol.tokenizer.decode(answer_ids[:-1])
+        assert answer_ids[:-1] == pol.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert pol.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n<think></think>")
+    # the first demonstration's prompt is, token for token, the prompt a rollout of that problem starts with
+    env = st.make_env("train", WARMSTART_SEED_OFFSET + cfg.seed * 1_000_000)
+    assert demos[0][0] == pol.encode(pol.render(env.observe()))
+
+
+def test_warmstart_micro_batches_give_the_one_pass_gradient(hf_dir):
+    """Splitting a warm-start batch under a small token budget accumulates the same gradient as one pass."""
+    from atgrpo.trainer.warmstart import batch_cross_entropy
+
+    pol = build_state(load_config(overrides=_hf(hf_dir))).policies["shared"]
+    batch = [(pol.encode(pol.render([{"role": "user", "content": f"question {i} " * (i + 1)}])),
+              pol.encode_response(f"answer {i}")) for i in range(6)]
+    grads, losses = [], []
+    for budget in (100_000, 40):
+        pol.model.zero_grad(set_to_none=True)
+        losses.append(batch_cross_entropy(pol, batch, budget))
+        grads.append([p.grad.clone() for p in pol.model.parameters()])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("sharing", ["L1", "L2"])
+def test_warmstart_of_a_hf_model_lowers_its_loss_and_l2_trains_each_adapter_on_its_role(hf_dir, sharing):
+    """The warm start runs on a Hugging Face model (chat prompts): the loss falls; with L2 each role's adapter
+    learns from its own role's demonstrations and the base stays frozen."""
+    from atgrpo.trainer.warmstart import collect_demonstrations, warm_start
+
+    cfg = load_config(overrides=_hf(hf_dir, "env.name=math", f"policy.sharing={sharing}", "warmstart.episodes=12",
+                                    "warmstart.epochs=8", "warmstart.batch_size=4", "warmstart.lr=3e-2",
+                                    "warmstart.noise=0"))
+    st = build_state(cfg)
+    model = st.policies[sorted(st.policies)[0]].model
+    model = model.peft if sharing == "L2" else model
+    before = _snapshot(model)
+    if sharing == "L2":
+        demos = collect_demonstrations(st.make_env, st.agent_map, st.policies, cfg.warmstart, cfg.seed)
+        for role, pairs in demos.items():  # each adapter's demonstrations are its own role's prompts
+            pol = st.policies[role]
+            assert pairs and all(f"You are the {'tool' if role == 'tool' else 'reasoning'} agent"
+                                 in pol.tokenizer.decode(p) for p, _ in pairs)
+    losses = warm_start(st.make_env, st.agent_map, st.policies, cfg.warmstart, cfg.seed, progress=False)
+    assert set(losses) == set(st.policies)
+    for pid, curve in losses.items():
+        assert len(curve) == 8 and curve[-1] < curve[0] - 0.15, (pid, curve)  # from ~ln(vocab) = 5.6 nats
+    changed = _changed(before, model)
+    if sharing == "L2":
+        assert changed and all("lora_" in n for n in changed)
+        assert any(".tool." in n for n in changed) and any(".reasoner." in n for n in changed)
+    else:
+        assert len(changed) == len(before)

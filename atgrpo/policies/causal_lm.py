@@ -73,6 +73,16 @@ class CausalLMPolicy:
                              f"(policy {self.policy_id}); raise rollout.max_prompt_tokens or shorten the prompt")
         return ids
 
+    def encode_response(self, text: str) -> list[int]:
+        """A response's token ids as the policy emits them after a prompt: the text's tokens with no special
+        token added (no BOS: a tokenizer that prepends one to every string must not put it in an answer),
+        ended by EOS. Warm-start demonstrations use it, so they are tokenised as rollouts are."""
+        if isinstance(self.tokenizer, ByteTokenizer):
+            ids = self.tokenizer.encode(text, add_bos=False)
+        else:
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids) + [self.eos_id]
+
     def decode(self, ids: Sequence[int]) -> str:
         if isinstance(self.tokenizer, ByteTokenizer):
             return self.tokenizer.decode(ids)

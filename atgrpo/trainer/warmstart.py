@@ -4,6 +4,13 @@ A tiny policy knows nothing at first. Each environment's expert (e.g. a BFS solv
 episodes on *training-split* problems, each character of its answer corrupted with probability ``noise``;
 every (prompt, answer) pair trains the policy of the agent that produced it, with cross-entropy on the answer
 tokens. Evaluation problems come from the disjoint evaluation split, so no demonstration is an eval problem.
+
+The same code warm-starts real models (``model.kind=hf``): prompts are rendered exactly as in rollouts (the
+chat template with its generation prompt) and answers are tokenised as the policy emits them
+(``CausalLMPolicy.encode_response``: no BOS, EOS at the end). With L2 each role's policy is its own LoRA
+adapter, so each adapter learns from its role's demonstrations only. Batches are scored as the update scores
+them (``shared_prefix_logprobs``: output-layer logits only at answer positions) in micro-batches of at most
+``warmstart.token_budget`` padded tokens, with gradients accumulated to one optimizer step per batch.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from tqdm import tqdm
 from ..config import WarmStartConfig
 from ..envs import MultiAgentEnv
 from ..policies.causal_lm import CausalLMPolicy
+from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
 
 WARMSTART_SEED_OFFSET = 7_000_000_000  # demonstration problems use seeds far from the RL data sampler's
 
@@ -34,7 +42,7 @@ def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_
             policy = policies[agent_to_policy[agent]]
             answer = env.demo_action(agent, rng, cfg.noise)
             prompt_ids = policy.encode(policy.render(env.observe()))
-            answer_ids = policy.tokenizer.encode(answer) + [policy.eos_id]
+            answer_ids = policy.encode_response(answer)
             demos[policy.policy_id].append((prompt_ids, answer_ids))
             env.step(answer)
     return demos
@@ -42,11 +50,12 @@ def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_
 
 def supervised_finetune(policy: CausalLMPolicy, pairs: list[tuple[list[int], list[int]]], cfg: WarmStartConfig,
                         seed: int, progress: bool = True) -> list[float]:
-    """Cross-entropy on the answer tokens; returns the mean loss per epoch."""
+    """Cross-entropy on the answer tokens (token mean over each batch); returns the mean loss per epoch."""
     if not pairs:
         return []
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(policy.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     steps_total = cfg.epochs * ((len(pairs) + cfg.batch_size - 1) // cfg.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * max(0.1, 1 - i / steps_total))
     policy.model.train()
@@ -57,19 +66,32 @@ def supervised_finetune(policy: CausalLMPolicy, pairs: list[tuple[list[int], lis
         total, count = 0.0, 0
         for start in range(0, len(order), cfg.batch_size):
             batch = [pairs[i] for i in order[start:start + cfg.batch_size]]
-            logp, mask = policy.response_logprobs([p for p, _ in batch], [a for _, a in batch], temperature=1.0)
-            loss = -(logp * mask).sum() / mask.sum()
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
+            loss = batch_cross_entropy(policy, batch, cfg.token_budget)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
-            total, count = total + loss.item(), count + 1
+            total, count = total + loss, count + 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss:.3f}")
         losses.append(total / max(1, count))
     bar.close()
     return losses
+
+
+def batch_cross_entropy(policy: CausalLMPolicy, batch: list[tuple[list[int], list[int]]], token_budget: int
+                        ) -> float:
+    """Accumulate the gradient of the batch's token-mean cross-entropy on the answers, one backward per
+    micro-batch of at most ``token_budget`` padded tokens (``plan_chunks``); returns the loss."""
+    prompts, answers = [p for p, _ in batch], [a for _, a in batch]
+    normalizer = float(sum(len(a) for a in answers))
+    total = 0.0
+    for idx in plan_chunks(prompts, answers, token_budget):
+        logp, mask = shared_prefix_logprobs(policy, [prompts[i] for i in idx], [answers[i] for i in idx], 1.0)
+        loss = -(logp * mask).sum() / normalizer
+        loss.backward()
+        total += loss.item()
+    return total
 
 
 def warm_start(make_env, agent_to_policy, policies, cfg: WarmStartConfig, seed: int, progress: bool = True
