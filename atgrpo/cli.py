@@ -5,6 +5,15 @@
     atgrpo eval  (RUN_DIR | CONFIG.yaml) [dotted.key=value ...]
     atgrpo envs
     atgrpo bench (rollout | update | step | all) [--preset issue|quickstart] [--out bench_out]
+
+Every failure ends in one line on stderr (``atgrpo: ...``) and an exit status; ``--debug`` adds the traceback:
+
+    0    done
+    1    an unexpected error (a bug, or the machine: disk full, out of memory); --debug shows where
+    2    bad input, before any work: a config key or value, a config file, arguments, the run directory (in use,
+         already a run, a file, nothing intact to resume), resources (Ray workers that do not fit)
+    3    stopped: too many updates skipped for a non-finite loss or gradient (train.max_nonfinite)
+    130  stopped by Ctrl-C or SIGTERM after a checkpoint (atgrpo train --resume RUN_DIR continues)
 """
 
 from __future__ import annotations
@@ -14,9 +23,10 @@ import json
 import os
 import sys
 import time
+import traceback
 
 from .bench import cli as bench_cli
-from .config import ConfigError, load_config
+from .config import ConfigError, load_config, load_resume_config
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -41,25 +51,24 @@ def cmd_train(args) -> int:
                               f"config file (only train.steps=N, to extend the run)")
         if args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
             raise ConfigError("--resume RUN_DIR writes into RUN_DIR; drop --out")
-        from .trainer.run import load_resume_config
-
         cfg, out = load_resume_config(args.resume, overrides), args.resume
     else:
         cfg = load_config(path, overrides)  # bad keys and values fail here, before any work
         out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.env.name}-{cfg.policy.sharing}")
-    from .trainer.run import NonFiniteError, RunError, TrainingInterrupted, train
+    if os.path.exists(out) and not os.path.isdir(out):  # also checked by train(); here before heavy imports
+        print(f"atgrpo: error: run directory {out!r} is a file, not a directory; choose another --out",
+              file=sys.stderr)
+        return EXIT_INPUT
+    from .trainer.run import NonFiniteError, TrainingInterrupted, train
 
     try:
         summary = train(cfg, out, progress=not args.quiet, resume=bool(args.resume))
     except TrainingInterrupted as e:
         print(f"atgrpo: {e}", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except NonFiniteError as e:
         print(f"atgrpo: error: {e}", file=sys.stderr)
-        return 3
-    except RunError as e:
-        print(f"atgrpo: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_STOPPED
     print(json.dumps({"run_dir": out, "eval_before": summary["eval_before"]["success_rate"],
                       "eval_after": summary["eval_after"]["success_rate"],
                       "wall_seconds": round(summary["wall_seconds"], 1)}))
@@ -85,9 +94,58 @@ def cmd_envs(args) -> int:
     return 0
 
 
+EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_INTERRUPTED = 1, 2, 3, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (exit 2) instead of the usage block."""
+
+    def error(self, message: str):
+        print(f"atgrpo: usage error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_INPUT)
+
+
+def _line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text or type(e).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="atgrpo", description="AT-GRPO: on-policy RL for teams of LLM agents")
-    sub = parser.add_subparsers(dest="command", required=True)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere on the line: atgrpo --debug train ... or atgrpo train ... --debug
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        return _main(argv, debug)
+    except SystemExit:
+        raise
+    except ConfigError as e:
+        _report(debug, f"atgrpo: config error: {_line(e)}")
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        _report(debug, "atgrpo: interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        from .trainer.checkpoint import RunError
+
+        if isinstance(e, RunError):
+            _report(debug, f"atgrpo: error: {_line(e)}")
+            return EXIT_INPUT
+        _report(debug, f"atgrpo: error: {type(e).__name__}: {_line(e)} (run again with --debug for the traceback)")
+        return EXIT_ERROR
+
+
+def _report(debug: bool, line: str) -> None:
+    if debug:
+        traceback.print_exc()
+    print(line, file=sys.stderr, flush=True)
+
+
+def _main(argv: list[str], debug: bool) -> int:
+    parser = _Parser(prog="atgrpo", description="AT-GRPO: on-policy RL for teams of LLM agents",
+                     epilog="--debug (anywhere): print the traceback of an error. Exit status: 0 done, 1 unexpected "
+                            "error, 2 bad input (config, arguments, run directory, resources), 3 stopped on "
+                            "non-finite updates, 130 stopped by a signal (resumable)")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("train", help="train a team (no config: the built-in CPU quickstart)")
     p.add_argument("items", nargs="*", help="[CONFIG.yaml] [dotted.key=value ...]")
     p.add_argument("--out", help="run directory (default: runs/<time>-<env>-<sharing>)")
@@ -106,11 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_cli.add_arguments(p)
     p.set_defaults(func=bench_cli.run)
     args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except ConfigError as e:
-        print(f"atgrpo: config error: {e}", file=sys.stderr)
-        return 2
+    return args.func(args)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from .algorithms.grouping import GROUP_KEYS
-from .algorithms.losses import AGGREGATIONS, KL_ESTIMATORS
+from .algorithms.names import AGGREGATIONS, KL_ESTIMATORS
 
 SHARING_LEVELS = ("L0", "L1", "L2", "L3")
 ROLLOUT_MODES = ("tree", "trajectory")
@@ -152,13 +155,14 @@ class RayConfig:
     holding its rollout and update workers."""
 
     address: str | None = None  # an existing cluster ("auto", "ray://head:10001"); None: start a local one
-    num_cpus: int | None = None  # local cluster only: logical CPUs it offers (None: every core of the machine)
+    num_cpus: int | None = None  # local cluster only: logical CPUs it offers (None: what Ray detects here)
     num_rollout_workers: int = 1  # per policy: inference actors (1 keeps the local backend's random stream)
     num_update_workers: int = 1  # per policy: data-parallel optimisation actors (torch.distributed)
     num_env_workers: int = 2  # CPU actors that step environments (and run their sandboxed code)
-    cpus_per_worker: float = 1.0  # CPUs reserved per rollout / update worker (in its policy's placement group)
+    cpus_per_worker: float | None = None  # CPUs reserved per rollout / update worker (in its policy's placement
+    # group); None: a local cluster's CPUs shared by all workers (at most 1 each), 1 on an existing cluster
     gpus_per_worker: float = 0.0  # GPUs reserved per rollout / update worker (> 0: model on cuda, NCCL)
-    cpus_per_env_worker: float = 1.0  # CPUs reserved per environment worker
+    cpus_per_env_worker: float | None = None  # CPUs reserved per environment worker (None: as cpus_per_worker)
     env_retries: int = 3  # resubmissions of one environment task after its worker died, before the step fails
 
 
@@ -190,30 +194,64 @@ def _build(cls, data: dict[str, Any], path: str):
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in data.items():
         full = f"{path}.{key}" if path else key
         if key not in fields:
             raise ConfigError(f"unknown config key {full!r}; valid keys here: {', '.join(fields)}")
         sub = _dataclass_type(cls, key)
-        kwargs[key] = _build(sub, value, full) if sub is not None else _coerce(fields[key], value, full)
+        kwargs[key] = _build(sub, value, full) if sub is not None else _coerce(hints[key], value, full)
     obj = cls(**kwargs)
     return obj
 
 
-def _coerce(f: dataclasses.Field, value: Any, key: str) -> Any:
-    """YAML 1.1 reads ``1e-4`` as a string: turn strings into floats where the field is a float. Bool fields
-    take only true/false."""
-    if isinstance(f.default, bool):
+def _coerce(hint: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against the field's type and convert where it is safe, naming the key on failure.
+
+    YAML 1.1 reads ``1e-4`` as a string: float fields take numeric strings. Integer fields take only integers
+    (``2.5`` and ``abc`` are errors, never truncated); bool fields only true/false; every float is finite."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        hint = args[0]
+    origin = typing.get_origin(hint) or hint
+    if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}={value!r} must be true or false")
         return value
-    if isinstance(f.default, float) and isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            raise ConfigError(f"{key}={value!r} must be a number") from None
-    return value
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} must be an integer")
+        return value
+    if hint is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}={value!r} must be a number") from None
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{key}={value!r} must be a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={value!r} must be a finite number (not nan or inf)")
+        return float(value)
+    if hint is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # model.path=2024: YAML reads a number
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}={value!r} must be a string")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} must be a list, e.g. [1, 2]")
+        (item,) = typing.get_args(hint) or (Any,)
+        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r} must be a mapping, e.g. {{a: 1}}")
+        return value
+    return value  # Any: checked by its own validator
 
 
 def _dataclass_type(cls, name: str):
@@ -248,7 +286,10 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         node = node[part]
     if parts[-1] not in node and not _is_free_dict(parts):
         raise ConfigError(f"unknown config key {key!r}; valid keys here: {', '.join(node)}")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
     if parts == ["env", "name"] and value != node["name"]:
         node["kwargs"] = {}  # another env: start from its own defaults (set env.kwargs.* after env.name)
     node[parts[-1]] = value
@@ -258,18 +299,43 @@ def _is_free_dict(parts: list[str]) -> bool:
     return len(parts) >= 2 and parts[0] == "env" and parts[1] == "kwargs"
 
 
-def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults <- YAML file <- overrides, then validated."""
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where it is."""
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None)
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def read_yaml_file(path: str) -> Any:
+    """The parsed YAML of a config file; every way it can fail is one ``ConfigError`` naming the file."""
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path!r} is a directory; give a YAML file (e.g. configs/quickstart.yaml; "
+                          f"to continue a run directory: atgrpo train --resume DIR)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found (presets live in configs/, e.g. "
+                          f"configs/quickstart.yaml)") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {_yaml_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path!r} is not a text file ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
+
+
+def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = (),
+                training: bool = True) -> Config:
+    """Defaults <- YAML file <- overrides, then validated (``training=False``: for evaluation only, which
+    accepts settings that only training refuses, such as ``rollout.K=1``)."""
     data = Config().to_dict()
     if path:
-        try:
-            with open(path) as f:
-                loaded = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path!r} not found (presets live in configs/, e.g. "
-                              f"configs/quickstart.yaml)") from None
+        loaded = read_yaml_file(path)
+        loaded = {} if loaded is None else loaded
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+            raise ConfigError(f"{path}: the top level must be a mapping (key: value lines), not a "
+                              f"{type(loaded).__name__}")
         _build(Config, loaded, "")  # reject unknown keys with the file's own structure
         env = loaded.get("env") or {}
         if "name" in env or "kwargs" in env:  # env kwargs belong to one env: a file's kwargs replace the defaults
@@ -278,8 +344,20 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
     for item in overrides:
         apply_override(data, item)
     cfg = _build(Config, data, "")
-    validate(cfg)
+    validate(cfg, training=training)
     return cfg
+
+
+def load_resume_config(run_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The config of the run in ``run_dir``; only ``train.steps=N`` may be overridden (to extend the run)."""
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise ConfigError(f"cannot resume {run_dir!r}: not a run directory (no config.yaml)")
+    for item in overrides:
+        if item.split("=", 1)[0].strip() != "train.steps":
+            raise ConfigError(f"a resumed run keeps its config ({path}); only train.steps=N may be given (to "
+                              f"extend the run), not {item!r}")
+    return load_config(path, overrides)
 
 
 def _choice(key: str, value: Any, choices) -> None:
@@ -294,13 +372,18 @@ def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
         raise ConfigError(f"{key}={value!r} must be a finite number {'>= 0' if allow_zero else '> 0'}")
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, training: bool = True) -> None:
+    """Every check that can be made before any work: keys, types, ranges, choices, combinations, the env's
+    kwargs (the env is built once), the model's shape and device, and (Ray) whether the workers fit.
+    ``training=False``: the config is only evaluated (``atgrpo eval``), so training-only checks are skipped."""
     from .envs import PROMPT_STYLES, registered  # local import: envs are pure Python, this keeps import light
 
     _choice("env.name", cfg.env.name, list(registered()))
     _choice("env.style", cfg.env.style, PROMPT_STYLES)
     _choice("model.kind", cfg.model.kind, MODEL_KINDS)
     _validate_model(cfg)
+    _validate_tiny(cfg)
+    _validate_device(cfg.model.device)
     _choice("model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
     _choice("policy.sharing", cfg.policy.sharing, SHARING_LEVELS)
     if cfg.policy.sharing == "L2":
@@ -331,10 +414,17 @@ def validate(cfg: Config) -> None:
         v = getattr(cfg.train, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"train.{name}={v!r} must be an integer >= 0 (0: {zero})")
+    _positive("algo.weight_decay", cfg.algo.weight_decay, allow_zero=True)
     if cfg.rollout.temperature == 0:
         raise ConfigError("rollout.temperature=0 makes all K candidates identical; use a temperature > 0")
+    if training and cfg.rollout.K == 1 and cfg.train.steps > 0:
+        raise ConfigError("rollout.K=1 puts one sample in every group, so every advantage is 0 and nothing is "
+                          "learned; use rollout.K >= 2 (K=1 only for evaluation: train.steps=0, or atgrpo eval)")
+    n_policies = _validate_env(cfg)
     _choice("trainer.backend", cfg.trainer.backend, BACKENDS)
     _validate_ray(cfg.trainer.ray)
+    if cfg.trainer.backend == "ray":
+        _validate_ray_fit(cfg.trainer.ray, n_policies)
     if cfg.rollout.engine == "vllm":
         _validate_vllm(cfg)
 
@@ -370,9 +460,165 @@ def _validate_ray(r: RayConfig) -> None:
         v = getattr(r, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < (0 if name == "env_retries" else 1):
             raise ConfigError(f"trainer.ray.{name}={v!r} must be an integer >= {0 if name == 'env_retries' else 1}")
-    _positive("trainer.ray.cpus_per_worker", r.cpus_per_worker)  # > 0: a placement-group bundle may not be empty
+    for name, least in (("cpus_per_worker", RAY_MIN_FRACTION), ("cpus_per_env_worker", 0.0)):
+        v = getattr(r, name)  # > 0 for pool workers: a placement-group bundle may not be empty
+        if v is not None and not (v >= least and (v == 0 or v >= RAY_MIN_FRACTION)):
+            raise ConfigError(f"trainer.ray.{name}={v!r} must be {'>' if least else '>='} 0 (Ray's smallest "
+                              f"share is {RAY_MIN_FRACTION}), or null: share the local cluster's CPUs")
     _positive("trainer.ray.gpus_per_worker", r.gpus_per_worker, allow_zero=True)
-    _positive("trainer.ray.cpus_per_env_worker", r.cpus_per_env_worker, allow_zero=True)
+
+
+RAY_MIN_FRACTION = 0.0001  # Ray's resolution for fractional resources
+
+
+def local_ray_cpus(r: RayConfig) -> int:
+    """The CPUs of the local Ray cluster atgrpo starts: ``trainer.ray.num_cpus``, else what Ray detects on this
+    machine (cgroup limits included)."""
+    if r.num_cpus is not None:
+        return r.num_cpus
+    try:
+        from ray._private.utils import get_num_cpus  # what ray.init would offer by default
+
+        return max(1, int(get_num_cpus()))
+    except Exception:  # another Ray version: the plain count
+        return os.cpu_count() or 1
+
+
+def ray_cpu_shares(r: RayConfig, n_policies: int, cluster_cpus: float) -> tuple[float, float]:
+    """(CPUs per rollout/update worker, CPUs per environment worker) on a cluster offering ``cluster_cpus``.
+
+    A value left null shares what the set values leave free, equally among those workers (at most 1 CPU each,
+    in Ray's steps of 0.0001). Raises ``ConfigError`` when the workers cannot all be placed."""
+    n_pool = n_policies * (r.num_rollout_workers + r.num_update_workers)
+    n_env = r.num_env_workers
+    fixed = ((n_pool * r.cpus_per_worker if r.cpus_per_worker is not None else 0.0)
+             + (n_env * r.cpus_per_env_worker if r.cpus_per_env_worker is not None else 0.0))
+    n_auto = (n_pool if r.cpus_per_worker is None else 0) + (n_env if r.cpus_per_env_worker is None else 0)
+    share = 1.0
+    if n_auto:
+        share = min(1.0, math.floor((cluster_cpus - fixed) / n_auto / RAY_MIN_FRACTION) * RAY_MIN_FRACTION)
+        share = round(share, 4)
+    per_worker = r.cpus_per_worker if r.cpus_per_worker is not None else share
+    per_env = r.cpus_per_env_worker if r.cpus_per_env_worker is not None else share
+    need = n_pool * per_worker + n_env * per_env
+    set_ = [k for k in ("cpus_per_worker", "cpus_per_env_worker") if getattr(r, k) is not None]
+    cpus = (f"trainer.ray.num_cpus={r.num_cpus}" if r.num_cpus is not None else
+            "trainer.ray.num_cpus=null: this machine's CPUs")
+    if n_auto and share < RAY_MIN_FRACTION:
+        raise ConfigError(
+            f"trainer.ray: {' and '.join(f'trainer.ray.{k}={getattr(r, k):g}' for k in set_)} take {fixed:g} of the "
+            f"local Ray cluster's {cluster_cpus:g} CPUs ({cpus}), leaving nothing for the other {n_auto} workers; "
+            f"lower it, or set trainer.ray.num_cpus={math.ceil(fixed) + 1}")
+    if need > cluster_cpus + 1e-9:
+        raise ConfigError(
+            f"trainer.ray: the workers need {need:g} CPUs ({n_policies} {'policy' if n_policies == 1 else 'policies'}"
+            f" x {r.num_rollout_workers + r.num_update_workers} workers x trainer.ray.cpus_per_worker="
+            f"{per_worker:g} + {n_env} environment workers x trainer.ray.cpus_per_env_worker={per_env:g}) but the "
+            f"local Ray cluster has {cluster_cpus:g} ({cpus}); "
+            + (f"lower or unset {' / '.join('trainer.ray.' + k for k in set_)} (null shares the CPUs), " if set_
+               else "use fewer workers, ")
+            + f"or set trainer.ray.num_cpus={max(math.ceil(need), 1)} (logical CPUs: more than the cores "
+              f"oversubscribes them)")
+    return per_worker, per_env
+
+
+def _validate_ray_fit(r: RayConfig, n_policies: int) -> None:
+    """Ray is installed and, for a local cluster, the workers fit in it: checked before any work."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError("trainer.backend=ray needs Ray, which is not installed here: pip install -e '.[ray]'")
+    if not r.address:  # an existing cluster: Ray places the workers, or says why not, when they start
+        ray_cpu_shares(r, n_policies, local_ray_cpus(r))
+
+
+def _validate_tiny(cfg: Config) -> None:
+    t = cfg.model.tiny
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions"):
+        if getattr(t, name) < 1:
+            raise ConfigError(f"model.tiny.{name}={getattr(t, name)!r} must be an integer >= 1")
+    if cfg.model.kind != "tiny":
+        return
+    if t.hidden_size % t.num_heads:
+        raise ConfigError(f"model.tiny.hidden_size={t.hidden_size} must be a multiple of model.tiny.num_heads="
+                          f"{t.num_heads} (each attention head gets hidden_size / num_heads dimensions)")
+    if (t.hidden_size // t.num_heads) % 2:
+        raise ConfigError(f"model.tiny.hidden_size / model.tiny.num_heads = {t.hidden_size // t.num_heads} must be "
+                          f"even (rotary position embeddings rotate pairs of dimensions)")
+
+
+def _validate_device(device: str) -> None:
+    """``model.device`` names a device this machine has (torch is imported only for a device other than cpu)."""
+    if device == "cpu":
+        return
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"model.device={device!r} is not a device; e.g. cpu, cuda, cuda:1") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            raise ConfigError(f"model.device={device!r} but torch sees no CUDA device on this machine (torch "
+                              f"{torch.__version__}, {'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}"
+                              f"); use model.device=cpu")
+        if d.index is not None and d.index >= n:
+            raise ConfigError(f"model.device={device!r} but this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
+    elif d.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"model.device={device!r} but MPS is not available here; use model.device=cpu")
+    elif d.type != "cpu":
+        raise ConfigError(f"model.device={device!r} is not supported; use cpu, cuda[:N] or mps")
+
+
+_ENV_SET_BY_ATGRPO = {"style": "env.style", "split": "atgrpo (train and evaluation problems)"}
+
+
+def _validate_env(cfg: Config) -> int:
+    """``env.kwargs`` fit the environment: every key a parameter of its constructor, simple types as annotated,
+    and the environment builds and resets once. Returns the number of policies the run will build."""
+    import inspect
+
+    from .envs import registry
+
+    factory = registry._REGISTRY[cfg.env.name]
+    kwargs = cfg.env.kwargs
+    for k in kwargs:
+        if k in _ENV_SET_BY_ATGRPO:
+            raise ConfigError(f"env.kwargs.{k} is set by {_ENV_SET_BY_ATGRPO[k]}; remove it from env.kwargs")
+    try:
+        sig = inspect.signature(factory, eval_str=True)
+    except Exception:  # an annotation that does not evaluate here: check names only
+        sig = inspect.signature(factory)
+    params = {n: p for n, p in sig.parameters.items()
+              if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in _ENV_SET_BY_ATGRPO}
+    if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+        for k in kwargs:
+            if k not in params:
+                raise ConfigError(f"unknown config key 'env.kwargs.{k}': not a parameter of env {cfg.env.name!r}; "
+                                  f"valid keys here: {', '.join(params)}")
+    for k, v in kwargs.items():
+        hint = params[k].annotation if k in params else inspect.Parameter.empty
+        simple = [a for a in (typing.get_args(hint) or (hint,)) if a is not type(None)]
+        if len(simple) == 1 and simple[0] in (int, float, bool, str) and not (v is None and type(None) in
+                                                                           typing.get_args(hint)):
+            _coerce(simple[0], v, f"env.kwargs.{k}")
+    kwargs = dict(kwargs)
+    try:
+        env = registry.make(cfg.env.name, style=cfg.env.style, **kwargs)
+        roles = env.single_agent_roles if cfg.policy.sharing == "L0" else None
+        if cfg.policy.sharing == "L0" and not roles:
+            raise ConfigError(f"policy.sharing=L0: environment {cfg.env.name!r} has no single-agent variant")
+        if roles:
+            env = registry.make(cfg.env.name, style=cfg.env.style, **{**kwargs, "roles": roles})
+        env.reset(0)
+    except ConfigError:
+        raise
+    except Exception as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise ConfigError(f"env.kwargs={kwargs!r} do not fit env {cfg.env.name!r}: {msg}") from None
+    return 1 if cfg.policy.sharing in ("L0", "L1") else len(env.agents)
 
 
 def _validate_model(cfg: Config) -> None:
@@ -397,6 +643,10 @@ def _validate_model(cfg: Config) -> None:
         err = model_source_error(m.path, m.gguf_file)
         if err:
             raise ConfigError(err)
+        full = os.path.expanduser(m.path)
+        if os.path.isfile(full) and not m.gguf_file:
+            raise ConfigError(f"model.path={m.path!r} is a file; give the model's directory (config.json, weights, "
+                              f"tokenizer files){', and model.gguf_file for a GGUF file' if full.endswith('.gguf') else ''}")
     if m.gradient_checkpointing and cfg.algo.shared_prefix:
         raise ConfigError("model.gradient_checkpointing=true recomputes layers in the backward pass, where "
                           "algo.shared_prefix=true's attention (responses on their prompt's keys) is no longer in "

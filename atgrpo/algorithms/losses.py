@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seq-mean")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from .names import AGGREGATIONS, KL_ESTIMATORS  # noqa: F401 (the options, defined without torch for the config)
 
 
 @dataclass

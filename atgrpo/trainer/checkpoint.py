@@ -10,10 +10,16 @@ Layout under ``RUN_DIR/checkpoint/``:
     reference/<policy>/     the frozen KL reference (only with algo.kl_coef > 0), written once after warm start
     final/<policy>/         the trained policies at the end (what ``atgrpo eval RUN_DIR`` loads)
 
-Every checkpoint directory is written into a ``.tmp-*`` directory next to it, every file fsynced, then renamed
-into place: one rename is atomic on POSIX, so a crash mid-write leaves the previous checkpoints intact and a
-``.tmp-*`` leftover that is ignored and removed by the next run on the directory. Only the newest
-``train.keep_checkpoints`` step checkpoints are kept.
+Every checkpoint directory is written into a ``.tmp-*`` directory next to it, then ``manifest.json`` (every
+file's size and sha256) is written last, every file fsynced, and the directory renamed into place: one rename is
+atomic on POSIX, so a crash mid-write leaves the previous checkpoints intact and a ``.tmp-*`` leftover that is
+ignored and removed by the next run on the directory. Only the newest ``train.keep_checkpoints`` step
+checkpoints are kept.
+
+On resume the checkpoints are verified newest first against their manifests (and then loaded); a damaged one
+(a truncated, changed or missing file) is skipped with a warning naming it and moved aside to
+``damaged-step_<N>``, and the run continues from the newest intact one. When none is intact, ``ResumeError``
+lists what is wrong with each.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import contextlib
 import copy
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -41,6 +48,8 @@ if TYPE_CHECKING:
     from .step import TrainState
 
 CHECKPOINT_DIR = "checkpoint"
+MANIFEST_FILE = "manifest.json"
+DAMAGED_PREFIX = "damaged-"
 STATE_FILE = "trainer_state.pt"
 PROGRESS_FILE = "progress.json"
 LOCK_FILE = ".lock"
@@ -82,13 +91,15 @@ def _tmp_name(parent: str, base: str) -> str:
 
 
 def write_dir_atomically(final: str, write: Callable[[str], None]) -> None:
-    """Run ``write(tmp_dir)``, fsync what it wrote, then rename ``tmp_dir`` to ``final`` (replacing it)."""
+    """Run ``write(tmp_dir)``, write its manifest last, fsync everything, then rename ``tmp_dir`` to ``final``
+    (replacing it)."""
     parent, base = os.path.split(os.path.abspath(final))
     os.makedirs(parent, exist_ok=True)
     tmp = _tmp_name(parent, base)
     os.mkdir(tmp)
     try:
         write(tmp)
+        write_manifest(tmp)
         _fsync_tree(tmp)
         if os.path.exists(final):  # replace: move the old one aside first (a dir cannot be renamed onto one)
             old = _tmp_name(parent, base + "-old")
@@ -118,6 +129,57 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+# ---- manifests: what a complete directory holds ------------------------------------------------------
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(root: str) -> list[str]:
+    out = []
+    for dirpath, _, filenames in os.walk(root):
+        out += [os.path.relpath(os.path.join(dirpath, n), root) for n in filenames]
+    return sorted(f for f in out if f != MANIFEST_FILE)
+
+
+def write_manifest(root: str) -> None:
+    """``root/manifest.json``: the size and sha256 of every file under ``root`` (written after all of them)."""
+    files = {f: {"size": os.path.getsize(os.path.join(root, f)), "sha256": _sha256(os.path.join(root, f))}
+             for f in _files(root)}
+    with open(os.path.join(root, MANIFEST_FILE), "w") as f:
+        json.dump({"format": FORMAT, "files": files}, f, indent=1)
+
+
+def verify_dir(root: str) -> str | None:
+    """What is wrong with the directory ``root`` by its manifest (the first problem found), or None when every
+    listed file has its size and checksum. A directory without a manifest (written before manifests
+    existed) is checked when it is loaded."""
+    if not os.path.isdir(root):
+        return "missing"
+    path = os.path.join(root, MANIFEST_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            files = json.load(f)["files"]
+        assert isinstance(files, dict)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+        return f"{MANIFEST_FILE} is unreadable ({type(e).__name__})"
+    for name, want in sorted(files.items()):
+        p = os.path.join(root, name)
+        if not os.path.isfile(p):
+            return f"{name} is missing"
+        size = os.path.getsize(p)
+        if size != want["size"]:
+            return f"{name} has {size} bytes, the manifest says {want['size']}"
+        if _sha256(p) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
 
 
 def remove_leftovers(run_dir: str) -> None:
@@ -199,6 +261,10 @@ def save_references(run_dir: str, state: "TrainState") -> None:
 
 def load_references(run_dir: str, state: "TrainState") -> dict:
     path = os.path.join(run_dir, CHECKPOINT_DIR, "reference")
+    problem = verify_dir(path) if os.path.isdir(path) else None
+    if problem:
+        raise ResumeError(f"the saved KL reference policies in {path} are damaged ({problem}); they cannot be "
+                          f"rebuilt, so this run cannot continue: start it again in another --out")
     refs = {}
     for pid, policy in state.policies.items():
         if not os.path.isdir(os.path.join(path, pid)):
@@ -277,6 +343,62 @@ def save_checkpoint(run_dir: str, state: "TrainState", progress: dict[str, Any],
         os.rename(old.path, trash)  # renamed first: a half-deleted checkpoint never looks complete
         shutil.rmtree(trash, ignore_errors=True)
     return path
+
+
+def step_dirs(run_dir: str) -> list[Checkpoint]:
+    """Every ``step_<N>`` directory of a run, newest first, complete or not (``list_checkpoints``: complete)."""
+    root = os.path.join(run_dir, CHECKPOINT_DIR)
+    if not os.path.isdir(root):
+        return []
+    out = [Checkpoint(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root) if (m := _STEP_DIR.match(n))]
+    return sorted(out, key=lambda c: -c.step)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+
+
+def restore_newest_intact(run_dir: str, state: "TrainState",
+                          warn: Callable[[str], None] | None = None) -> tuple[Checkpoint, dict[str, Any]] | None:
+    """Load the newest intact step checkpoint into ``state``; return it and its progress, or None when the run
+    has no checkpoint. Each checkpoint is verified against its manifest, then loaded; a damaged one is skipped
+    (``warn`` gets a line naming it and why) and moved aside to ``damaged-step_<N>``. Raises ``ResumeError`` when
+    there are checkpoints but none is intact."""
+    warn = warn or (lambda line: print(line, file=sys.stderr, flush=True))
+    damaged: list[tuple[Checkpoint, str]] = []
+    for ckpt in step_dirs(run_dir):
+        problem = verify_dir(ckpt.path)
+        if problem is None:
+            try:
+                progress = load_checkpoint(ckpt, state)
+            except Exception as e:  # no manifest (an older run), or contents that do not load
+                problem = _one_line(e)
+        if problem is not None:
+            damaged.append((ckpt, problem))
+            continue
+        for bad, why in damaged:
+            aside = _aside_name(bad.path)
+            os.rename(bad.path, aside)
+            warn(f"atgrpo: warning: checkpoint {bad.path} is damaged ({why}); skipped it and moved it to {aside}")
+        if damaged:
+            warn(f"atgrpo: warning: resuming from {ckpt.path}, the newest intact checkpoint")
+        return ckpt, progress
+    if damaged:
+        root = os.path.join(run_dir, CHECKPOINT_DIR)
+        raise ResumeError(f"no intact checkpoint in {root}: " + "; ".join(
+            f"{os.path.basename(c.path)}: {why}" for c, why in damaged) + ". To start this run again from the "
+            f"beginning, move {root} aside and resume again, or start a new run with another --out")
+    return None
+
+
+def _aside_name(path: str) -> str:
+    parent, base = os.path.split(path)
+    out, n = os.path.join(parent, DAMAGED_PREFIX + base), 1
+    while os.path.exists(out):
+        n += 1
+        out = os.path.join(parent, f"{DAMAGED_PREFIX}{base}-{n}")
+    return out
 
 
 def load_checkpoint(ckpt: Checkpoint, state: "TrainState") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The Ray backend (``trainer.backend=ray``): the same train step as the local backend, its work placed on actors.
 
-Placement (REFERENCE section 4; docs/ray.md):
+Placement (docs/ray.md):
 - one resource pool (a placement group) per policy, holding its rollout worker(s) and update worker(s);
 - a pool of CPU environment workers that step the K candidate clones of each node (and run sandboxed code);
 - the driver runs ``step.train_step`` unchanged: it renders prompts, draws every random number from the run's
@@ -25,7 +25,6 @@ counted; any difference is logged as ``ray/dropped_samples`` (and is 0 unless so
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -60,6 +59,36 @@ def split_even(items: list, n: int) -> list[list]:
     return out
 
 
+def ray_shares(cfg: Config, n_policies: int, ray, owns_ray: bool) -> tuple[float, float]:
+    """(CPUs per rollout/update worker, CPUs per environment worker) of a run with ``n_policies`` policies.
+
+    On an existing cluster (``trainer.ray.address``) an unset share is 1 CPU. Otherwise the unset shares divide
+    the CPUs this run may use: the whole local cluster it started, or what is free on a Ray instance already
+    running in this process (``config.ray_cpu_shares``, which raises ``ConfigError`` when they cannot fit)."""
+    from ..config import ray_cpu_shares
+
+    r = cfg.trainer.ray
+    if r.address:
+        return (r.cpus_per_worker if r.cpus_per_worker is not None else 1.0,
+                r.cpus_per_env_worker if r.cpus_per_env_worker is not None else 1.0)
+    res = ray.cluster_resources() if owns_ray else ray.available_resources()
+    return ray_cpu_shares(r, n_policies, float(res.get("CPU", 0.0)))
+
+
+def ray_note(cfg: Config, n_policies: int, cluster_cpus: float) -> str | None:
+    """The line that says how a local cluster's CPUs are shared when atgrpo chose the shares, else None."""
+    from ..config import ray_cpu_shares
+
+    r = cfg.trainer.ray
+    if r.address or (r.cpus_per_worker is not None and r.cpus_per_env_worker is not None):
+        return None
+    w, e = ray_cpu_shares(r, n_policies, cluster_cpus)
+    n_pool = n_policies * (r.num_rollout_workers + r.num_update_workers)
+    return (f"atgrpo: Ray: {n_pool + r.num_env_workers} workers share the local cluster's {cluster_cpus:g} CPUs: "
+            f"{w:g} CPU per rollout/update worker, {e:g} per environment worker (set trainer.ray.cpus_per_worker / "
+            f"cpus_per_env_worker to choose; trainer.ray.num_cpus for more logical CPUs)")
+
+
 def _plain(resources: dict) -> dict:
     """CPU / GPU of a Ray resource dict, without the per-placement-group entries."""
     return {k: v for k, v in resources.items() if k in ("CPU", "GPU")}
@@ -85,6 +114,7 @@ class RayBackend:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+        from ..config import local_ray_cpus
         from . import ray_workers as rw
         from .setup import agent_to_policy, env_factory
 
@@ -93,27 +123,23 @@ class RayBackend:
         if self._owns_ray:
             if r.address:
                 ray.init(address=r.address)
-            else:
-                ray.init(num_cpus=r.num_cpus, include_dashboard=False)
+            else:  # the CPU count the config was checked against (config.local_ray_cpus)
+                ray.init(num_cpus=local_ray_cpus(r), include_dashboard=False)
         self.policy_ids = sorted(set(agent_to_policy(cfg, env_factory(cfg)("train", 0).agents).values()))
-        need = (len(self.policy_ids) * (r.num_rollout_workers + r.num_update_workers) * r.cpus_per_worker
-                + r.num_env_workers * r.cpus_per_env_worker)
-        have = ray.cluster_resources().get("CPU", 0.0)
-        if self._owns_ray and not r.address and need > have:  # a local cluster never grows: say so now
-            ray.shutdown()
-            raise RuntimeError(
-                f"the Ray workers need {need:g} CPUs ({len(self.policy_ids)} policies x "
-                f"{r.num_rollout_workers + r.num_update_workers} workers x trainer.ray.cpus_per_worker="
-                f"{r.cpus_per_worker:g} + {r.num_env_workers} x trainer.ray.cpus_per_env_worker="
-                f"{r.cpus_per_env_worker:g}); the local cluster has {have:g}. Lower those, or set "
-                f"trainer.ray.num_cpus={math.ceil(need)} (logical CPUs: more than the cores oversubscribes them)")
-        bundle = {"CPU": r.cpus_per_worker, **({"GPU": r.gpus_per_worker} if r.gpus_per_worker > 0 else {})}
+        try:  # shares of the CPUs this run may use: a local cluster never grows, so a misfit is said now
+            self.cpus_per_worker, self.cpus_per_env_worker = ray_shares(cfg, len(self.policy_ids), ray,
+                                                                         self._owns_ray)
+        except BaseException:
+            if self._owns_ray:
+                ray.shutdown()
+            raise
+        bundle = {"CPU": self.cpus_per_worker, **({"GPU": r.gpus_per_worker} if r.gpus_per_worker > 0 else {})}
         self.pools: dict[str, Pool] = {}
         for pid in self.policy_ids:
             pg = placement_group([dict(bundle)] * (r.num_rollout_workers + r.num_update_workers), strategy="PACK")
             pool = self.pools[pid] = Pool(pg)
             for i in range(r.num_rollout_workers + r.num_update_workers):
-                opts = dict(num_cpus=r.cpus_per_worker, num_gpus=r.gpus_per_worker,
+                opts = dict(num_cpus=self.cpus_per_worker, num_gpus=r.gpus_per_worker,
                             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
                 if i < r.num_rollout_workers:
                     pool.rollout.append(rw.RolloutWorker.options(**opts).remote(cfg, pid, self.policy_ids))
@@ -130,7 +156,7 @@ class RayBackend:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def _new_env_worker(self):
-        return self._env_actor.options(num_cpus=self.cfg.trainer.ray.cpus_per_env_worker).remote()
+        return self._env_actor.options(num_cpus=self.cpus_per_env_worker).remote()
 
     def _start(self) -> None:
         """Wait until every placement group and actor is up; form each policy's process group."""
@@ -142,7 +168,7 @@ class RayBackend:
                 n = r.num_rollout_workers + r.num_update_workers
                 raise RuntimeError(
                     f"Ray could not place policy {pid!r} in {READY_TIMEOUT_S:.0f}s: its pool needs {n} bundles of "
-                    f"{r.cpus_per_worker} CPU / {r.gpus_per_worker} GPU; the cluster has "
+                    f"{self.cpus_per_worker:g} CPU / {r.gpus_per_worker:g} GPU; the cluster has "
                     f"{_plain(ray.cluster_resources())} in all, {_plain(ray.available_resources())} free. Lower "
                     f"trainer.ray.cpus_per_worker or the worker counts, or add resources (trainer.ray.num_cpus "
                     f"for a local cluster)")

@@ -12,10 +12,12 @@ stops with ``NonFiniteError`` after ``train.max_nonfinite`` skipped non-finite u
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from typing import Any
@@ -23,10 +25,11 @@ from typing import Any
 import torch
 import yaml
 
-from ..config import Config, ConfigError, load_config
-from .checkpoint import (CHECKPOINT_DIR, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock, StopOnSignal,
-                         atomic_write_text, latest_checkpoint, load_checkpoint, load_references, remove_leftovers,
-                         save_checkpoint, save_policies, save_references, write_dir_atomically)
+from ..config import Config, ConfigError, load_config, load_resume_config  # noqa: F401 (re-exported)
+from .checkpoint import (CHECKPOINT_DIR, LOCK_FILE, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock,
+                         StopOnSignal, atomic_write_text, latest_checkpoint, load_references, remove_leftovers,
+                         restore_newest_intact, save_checkpoint, save_policies, save_references,
+                         write_dir_atomically)
 from .evaluate import evaluate
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
 from .setup import agent_to_policy, build_policies, env_factory
@@ -79,17 +82,33 @@ def check_model_path(cfg: Config) -> None:
                           f"model directory; nothing is downloaded)")
 
 
+def check_run_dir(run_dir: str) -> None:
+    """The run directory can be one: a directory or nothing yet (the lock checks that no other run holds it)."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise RunError(f"run directory {run_dir!r} is a file, not a directory; choose another --out")
 
-def load_resume_config(run_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """The config of the run in ``run_dir``; only ``train.steps=N`` may be overridden (to extend the run)."""
-    path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
-        raise ConfigError(f"cannot resume {run_dir!r}: not a run directory (no config.yaml)")
-    for item in overrides:
-        if item.split("=", 1)[0].strip() != "train.steps":
-            raise ConfigError(f"a resumed run keeps its config ({path}); only train.steps=N may be given (to "
-                              f"extend the run), not {item!r}")
-    return load_config(path, overrides)
+
+def _build_checked(cfg: Config) -> TrainState:
+    """``build_state``, with a model that cannot be loaded reported as a config error naming it."""
+    try:
+        return build_state(cfg)
+    except (OSError, ValueError) as e:
+        if cfg.model.kind != "hf" or isinstance(e, ConfigError):
+            raise
+        what = f"model.path={cfg.model.path!r}" if cfg.model.path else f"model.preset={cfg.model.preset!r}"
+        raise ConfigError(f"{what} cannot be loaded: {_one_line(e)}") from e
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+
 
 
 def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
@@ -97,41 +116,80 @@ def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False
     summary (also written to summary.json). Raises ``RunDirInUse`` when another run holds ``run_dir``,
     ``TrainingInterrupted`` after a stop signal, ``NonFiniteError`` after too many non-finite updates."""
     check_model_path(cfg)
+    check_run_dir(run_dir)
+    created = not os.path.exists(run_dir)
+    had_lock = os.path.exists(os.path.join(run_dir, LOCK_FILE))
     with RunLock(run_dir) as lock, StopOnSignal() as stop:
         if lock.previous_owner and progress:
             print(f"atgrpo: took over the lock of a dead run (pid {lock.previous_owner}) in {run_dir}")
-        return _train(cfg, run_dir, progress, resume, stop)
+        started: list[bool] = []  # _train appends once the directory holds something of this run
+        try:
+            return _train(cfg, run_dir, progress, resume, stop, started)
+        except BaseException:
+            if not started:  # failed while setting up: leave no trace of this attempt
+                _remove_setup(run_dir, created, had_lock)
+            raise
 
 
-def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal) -> dict[str, Any]:
+def _remove_setup(run_dir: str, created: bool, had_lock: bool) -> None:
+    """Remove what a run that failed before any work left: the directory it created, or its lock file."""
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    elif not had_lock:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(run_dir, LOCK_FILE))
+
+
+def _ray_note(cfg: Config, state: TrainState) -> str | None:
+    """How a local Ray cluster's CPUs will be shared (when atgrpo chooses), before the warm start."""
+    import ray
+
+    from ..config import local_ray_cpus
+    from .ray_backend import ray_note
+
+    if ray.is_initialized():
+        return None
+    return ray_note(cfg, len(state.policies), local_ray_cpus(cfg.trainer.ray))
+
+
+def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal,
+           started: list[bool]) -> dict[str, Any]:
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    ckpt: Checkpoint | None = None
-    if resume:
-        remove_leftovers(run_dir)
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is not None and ckpt.step > cfg.train.steps:
-            raise ResumeError(f"train.steps={cfg.train.steps} is below the step of the last checkpoint "
-                              f"({ckpt.step}, {ckpt.path})")
-        done = _finished_summary(run_dir)
-        if ckpt is not None and done is not None and done.get("steps") == ckpt.step == cfg.train.steps:
-            say(f"atgrpo: {run_dir} already finished at step {ckpt.step}; pass train.steps=N to extend it")
-            return done
-    elif os.path.exists(os.path.join(run_dir, "metrics.jsonl")) or os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR)):
+    if not resume and (os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
+                       or os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR))):
         raise RunError(f"{run_dir} already holds a run; continue it with `atgrpo train --resume {run_dir}` "
                        f"or choose another --out")
+    state = _build_checked(cfg)
+    ckpt: Checkpoint | None = None
+    if resume:
+        started.append(True)  # the directory is the user's run: never removed
+        remove_leftovers(run_dir)
+        found = restore_newest_intact(run_dir, state, warn=_warn)
+        if found is not None:
+            ckpt, prog = found
+            if ckpt.step > cfg.train.steps:
+                raise ResumeError(f"train.steps={cfg.train.steps} is below the step of the last checkpoint "
+                                  f"({ckpt.step}, {ckpt.path})")
+            done = _finished_summary(run_dir)
+            if done is not None and done.get("steps") == ckpt.step == cfg.train.steps:
+                say(f"atgrpo: {run_dir} already finished at step {ckpt.step}; pass train.steps=N to extend it")
+                return done
     os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
     atomic_write_text(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    state = build_state(cfg)
+    started.append(True)
     n_params = {pid: p.num_parameters() for pid, p in state.policies.items()}
     say(f"atgrpo: env={cfg.env.name} sharing={cfg.policy.sharing} agents->policies={state.agent_map} "
         f"params={n_params} run_dir={run_dir}")
+    if cfg.trainer.backend == "ray" and progress:
+        note = _ray_note(cfg, state)
+        if note:
+            say(note)
     summary: dict[str, Any] = {"run_dir": run_dir, "steps": cfg.train.steps, "agent_to_policy": state.agent_map}
 
     if ckpt is not None:  # resume: everything the steps so far produced comes from the checkpoint
-        prog = load_checkpoint(ckpt, state)
         if cfg.algo.kl_coef > 0:
             state.references = load_references(run_dir, state)
         rows, evals, before = prog["rows"], [tuple(e) for e in prog["evals"]], prog["eval_before"]
@@ -239,18 +297,30 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
 
 
 def _finished_summary(run_dir: str) -> dict[str, Any] | None:
+    """summary.json of a finished run; None when there is none, or it is damaged (the resume rewrites it)."""
     path = os.path.join(run_dir, "summary.json")
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            done = json.load(f)
+        if not isinstance(done, dict):
+            raise ValueError("not a JSON object")
+        return done
+    except (OSError, ValueError) as e:
+        _warn(f"atgrpo: warning: {path} is damaged ({_one_line(e)}); ignoring it (the resumed run writes it again)")
+        return None
 
 
 def load_policies(state: TrainState, path: str) -> None:
     """Load the weights saved by ``save_policies`` into the state's policies (same config): full models, or
     for L2 each role's adapter (the base model comes from the config)."""
-    from .checkpoint import load_model_weights
+    from .checkpoint import load_model_weights, verify_dir
 
+    problem = verify_dir(path)
+    if problem:
+        raise RunError(f"the saved policies in {path} are {'missing' if problem == 'missing' else 'damaged'}"
+                       f"{'' if problem == 'missing' else f' ({problem})'}")
     for pid, policy in state.policies.items():
         d = os.path.join(path, pid)
         if not os.path.isdir(d):
@@ -265,14 +335,14 @@ def evaluate_target(target: str, overrides: list[str], progress: bool = True) ->
         cfg_path = os.path.join(target, "config.yaml")
         if not os.path.exists(cfg_path):
             raise ConfigError(f"{target} is not a run directory (no config.yaml)")
-        cfg = load_config(cfg_path, overrides)
+        cfg = load_config(cfg_path, overrides, training=False)
         check_model_path(cfg)
-        state = build_state(cfg)
+        state = _build_checked(cfg)
         load_policies(state, os.path.join(target, "checkpoint", "final"))
     elif os.path.exists(target):
-        cfg = load_config(target, overrides)
+        cfg = load_config(target, overrides, training=False)
         check_model_path(cfg)
-        state = build_state(cfg)
+        state = _build_checked(cfg)
         if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
             warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
     else:
