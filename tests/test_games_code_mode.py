@@ -4,6 +4,7 @@ instances, and the tree still gives the K candidates of a node one prompt."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections import defaultdict
@@ -263,6 +264,17 @@ def test_k_candidates_of_a_node_see_one_prompt_in_code_mode(game):
     assert m["rollout/program_crashed_rate/tool"] == pytest.approx(0.25)
     assert m["rollout/program_unparsable_rate/tool"] == pytest.approx(0.25)
     assert m["rollout/program_timed_out_rate/tool"] == 0.0 and "rollout/program_crashed_rate/plan" not in m
+
+
+def test_bench_experts_cli(tmp_path, capsys):
+    from atgrpo.cli import main
+
+    assert main(["bench", "experts", "--problems", "3", "--tasks", "sudoku", "--out", str(tmp_path)]) == 0
+    assert "| sudoku | 3 | 3 (100%) | 0 | 0 |" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "experts.json").read_text())
+    assert saved["command"].startswith("atgrpo bench experts") and saved["rows"][0]["solved"] == 3
+    assert main(["bench", "experts", "--tasks", "sudoku,chess", "--out", str(tmp_path / "x")]) == 2
+    assert "chess" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
 # ---- configs ----------------------------------------------------------------------------------------------

@@ -51,9 +51,11 @@ def expert_program_outcomes(game: str, problems: int, kwargs: dict[str, Any] | N
 
 def bench_experts(problems: int, games: list[str] | None, out: str) -> list[dict[str, Any]]:
     """All games (or ``games``); writes ``experts.json`` and ``experts.md`` under ``out``."""
+    from ..config import ConfigError
+
     unknown = sorted(set(games or []) - set(GAMES))
     if unknown:
-        raise ValueError(f"unknown game(s) {', '.join(unknown)}; valid: {', '.join(GAMES)}")
+        raise ConfigError(f"unknown experts-bench game(s) {', '.join(unknown)}; choose from: {', '.join(GAMES)}")
     rows = [expert_program_outcomes(g, problems) for g in (games or list(GAMES))]
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "experts.json"), "w") as f:
