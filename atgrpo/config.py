@@ -628,8 +628,9 @@ def _validate_model(cfg: Config) -> None:
         if m.preset or m.gguf_file:
             raise ConfigError(f"model.preset / model.gguf_file need model.kind=hf (model.kind={m.kind!r})")
         return
-    import os
-
+    if m.preset is None and m.path and not m.gguf_file and os.path.isfile(os.path.expanduser(m.path)):
+        raise ConfigError(f"model.path={m.path!r} is a file; give the model's directory (config.json, weights, "
+                          f"tokenizer files){', and model.gguf_file for a GGUF file' if m.path.endswith('.gguf') else ''}")
     from .policies.hf import PRESETS, model_source_error  # local import: pulls in torch
 
     if m.preset is not None:
@@ -643,10 +644,6 @@ def _validate_model(cfg: Config) -> None:
         err = model_source_error(m.path, m.gguf_file)
         if err:
             raise ConfigError(err)
-        full = os.path.expanduser(m.path)
-        if os.path.isfile(full) and not m.gguf_file:
-            raise ConfigError(f"model.path={m.path!r} is a file; give the model's directory (config.json, weights, "
-                              f"tokenizer files){', and model.gguf_file for a GGUF file' if full.endswith('.gguf') else ''}")
     if m.gradient_checkpointing and cfg.algo.shared_prefix:
         raise ConfigError("model.gradient_checkpointing=true recomputes layers in the backward pass, where "
                           "algo.shared_prefix=true's attention (responses on their prompt's keys) is no longer in "
