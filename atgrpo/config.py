@@ -590,7 +590,10 @@ def _validate_env(cfg: Config) -> int:
     try:
         sig = inspect.signature(factory, eval_str=True)
     except Exception:  # an annotation that does not evaluate here: check names only
-        sig = inspect.signature(factory)
+        try:
+            sig = inspect.signature(factory)
+        except (TypeError, ValueError):  # no signature to read: building the env below is the check
+            sig = inspect.Signature([inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD)])
     params = {n: p for n, p in sig.parameters.items()
               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in _ENV_SET_BY_ATGRPO}
     if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):

@@ -208,3 +208,34 @@ def test_quickstart_yaml_equals_the_builtin_defaults():
 
     path = Path(__file__).parent.parent / "configs" / "quickstart.yaml"
     assert load_config(str(path)).to_dict() == Config().to_dict()
+
+
+# ---- Ray placement -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("settings, n_policies, cpus, expect", [
+    ({}, 1, 2, (0.5, 0.5)),  # the quickstart: 1 rollout + 1 update worker, 2 environment workers
+    ({"num_update_workers": 2}, 1, 2, (0.4, 0.4)),  # docs/ray.md's first command
+    ({"num_update_workers": 2}, 2, 2, (0.25, 0.25)),  # L3: 2 x 3 + 2 = 8 workers
+    ({}, 1, 16, (1.0, 1.0)),  # at most 1 CPU each
+    ({"num_env_workers": 1}, 1, 2, (0.6666, 0.6666)),  # Ray's steps of 0.0001, rounded down
+    ({"cpus_per_worker": 0.75}, 1, 2, (0.75, 0.25)),  # the env workers share what is left
+    ({"cpus_per_worker": 0.25, "cpus_per_env_worker": 0.25}, 2, 2, (0.25, 0.25)),
+])
+def test_ray_cpu_shares_fit_the_local_cluster(settings, n_policies, cpus, expect):
+    from atgrpo.config import RayConfig, ray_cpu_shares
+
+    r = RayConfig(**settings)
+    w, e = ray_cpu_shares(r, n_policies, cpus)
+    assert (w, e) == expect
+    assert n_policies * (r.num_rollout_workers + r.num_update_workers) * w + r.num_env_workers * e <= cpus
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"cpus_per_worker": 1.0, "cpus_per_env_worker": 1.0}, "need 4 CPUs"),
+    ({"cpus_per_worker": 1.0}, "leaving nothing for the other 2 workers"),
+    ({"cpus_per_worker": 0.0}, "trainer.ray.cpus_per_worker"),
+    ({"cpus_per_env_worker": -1.0}, "trainer.ray.cpus_per_env_worker"),
+])
+def test_ray_reservations_that_do_not_fit_are_config_errors(settings, says):
+    pytest.importorskip("ray")
+    items = ["trainer.backend=ray", "trainer.ray.num_cpus=2"] + [f"trainer.ray.{k}={v}" for k, v in settings.items()]
+    assert says in _err(overrides=items)
