@@ -132,7 +132,12 @@ def test_timeout_and_silence_are_penalised_and_reported(game):
     twin = env.clone()
     res = twin.step(_fenced("x = 1"))
     assert res.reward.local == FORMAT_PENALTY and res.info["program_unparsable"] and not res.info["program_crashed"]
-    assert "printed nothing" in _text(twin.observe("plan"))
+    assert "printed nothing" in _text(twin.observe("plan")) and "E:empty" in twin.observe("plan", style="compact")
+    twin = env.clone()
+    res = twin.step(_fenced("print('hello world')"))
+    assert res.reward.local == FORMAT_PENALTY and res.info["program_unparsable"] and twin.proposal is None
+    assert "no readable proposal: hello world" in _text(twin.observe("plan"))
+    assert "E:unreadable" in twin.observe("plan", style="compact")
     res = env.clone().step("no code at all, just words")
     assert res.reward.local == FORMAT_PENALTY and res.info["program_crashed"]
 

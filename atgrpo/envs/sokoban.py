@@ -16,8 +16,8 @@ Rewards per executed or simulated move: -0.01 per move, -0.05 more for an invali
 (nothing moved), +1 for a box pushed onto a goal, -0.5 for a box pushed off a goal, shaping
 ``+0.1 * (D - D')`` with D the sum over boxes of the Manhattan distance to the nearest goal, +10 on solving
 (execution stops there). An unparsable answer (in code mode also a program that crashes, times out or prints
-nothing readable) scores ``FORMAT_PENALTY``. ``local`` = that sum for the acting
-agent's own list; ``team`` = 1.0 when the real puzzle is solved after the step, else 0.0. The episode ends early
+nothing readable) scores ``FORMAT_PENALTY``. ``local`` = that sum for the acting agent's own list; ``team`` =
+1.0 when the real puzzle is solved after the step, else 0.0. The episode ends early
 (``_failed``) once a box stands on a dead square: a non-goal cell from which no sequence of pushes can bring a
 lone box to any goal (corners, most wall edges).
 
@@ -346,7 +346,9 @@ class SokobanEnv(ToolCodeMixin, MultiAgentEnv):
             body.append(f"{who} proposed [{', '.join(moves)}]; simulated from {when} it ends with "
                         f"you at row {player[0]}, col {player[1]} and boxes at "
                         f"{', '.join(f'({r}, {c})' for r, c in boxes)} "
-                        f"({'solves' if solved else 'does not solve'} the puzzle). Its result:")
-            body.append(self.room.render(player, boxes))
+                        f"({'solves' if solved else 'does not solve'} the puzzle)."
+                        + (" Its result:" if agent == "plan" else ""))
+            if agent == "plan":  # the tool copies the grid into its program: show it one grid only
+                body.append(self.room.render(player, boxes))
         return [{"role": "system", "content": f"{rules} {task} {fmt}".rstrip()},
                 {"role": "user", "content": "\n".join(body)}]

@@ -370,7 +370,9 @@ class SudokuEnv(ToolCodeMixin, MultiAgentEnv):
             verdict = {"R": "was rejected because it changes a given", "S": "solves the puzzle",
                        "C": "is consistent (no refused fill) but does not complete the puzzle"}.get(
                 code, f"had {code[1:]} refused fill(s) (conflicts or givens)")
-            who = "Tool agent's proposal" if agent == "plan" else "Your proposal, checked on the board back then,"
-            body += [f"{who} {verdict}. The board it leads to:", board.replace("/", "\n")]
+            if agent == "plan":
+                body += [f"Tool agent's proposal {verdict}. The board it leads to:", board.replace("/", "\n")]
+            else:  # the tool copies the puzzle into its program: show it no second grid
+                body.append(f"Your proposal, checked on the board back then, {verdict}.")
         return [{"role": "system", "content": f"{rules} {task} {fmt}".rstrip()},
                 {"role": "user", "content": "\n".join(body)}]

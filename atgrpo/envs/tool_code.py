@@ -43,6 +43,7 @@ class ToolCodeMixin:
     tool_mode: str = "direct"
     timeout: float = DEFAULT_TIMEOUT
     tool_run: ProgramRun | None = None
+    proposal: object | None = None  # the game's simulated tool proposal (None: the tool gave none)
 
     def _setup_tool(self, tool_mode: str | None, timeout: float, style: str) -> None:
         self.tool_mode = resolve_tool_mode(tool_mode, style)
@@ -95,18 +96,21 @@ class ToolCodeMixin:
             out.append("It gave no proposal.")
         elif run.answer is None:
             out.append("It printed nothing, so it gave no proposal.")
+        elif self.proposal is None:
+            out.append(f"Its last printed line is no readable proposal: {run.answer[:200]}")
         else:
             out.append(f"Last printed line (the proposal): {run.answer[:200]}")
         return out
 
     def _program_mark(self) -> str:
-        """Compact note on a failed tool program (' E:NameError', ' E:timeout', ' E:empty'), else ''."""
+        """Compact note on a tool program that gave no proposal (' E:NameError', ' E:timeout', ' E:empty',
+        ' E:unreadable'), else ''."""
         run = self.tool_run
-        if run is None or self.tool_mode != "code":
+        if run is None or self.tool_mode != "code" or self.proposal is not None:
             return ""
         if run.crashed:
             return f" E:{run.error()}"
-        return " E:empty" if run.answer is None else ""
+        return " E:empty" if run.answer is None else " E:unreadable"
 
     # ---- scripted expert ------------------------------------------------------------------------------
     def expert_program(self, bug: str | None = None) -> str:
