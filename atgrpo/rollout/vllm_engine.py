@@ -89,8 +89,10 @@ class VLLMEngine:
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(vcfg.cpu_threads)
         self._log = open(self.log_path, "wb")
         t = time.perf_counter()
+        # its own session: a Ctrl-C in the terminal reaches the trainer only, which stops after the step (and
+        # its checkpoint) and then closes the engine; if the trainer dies, the engine sees the socket close and exits
         self.proc = subprocess.Popen([python, SERVER], env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.conn = None
         try:
             self.conn = self._accept()
