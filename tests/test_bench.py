@@ -61,6 +61,29 @@ def test_bench_step(tmp_path):
         assert r["ratios"]["atgrpo_vs_trl"] > 0 and r["trl"]["completion_mean_lengths"]
 
 
+def test_bench_real_model_shape_uses_chat_prompts_and_the_models_tokenizer(tmp_path):
+    """The real-model path of rollout / update / step (``--preset smollm2``), on a tiny Hugging Face directory:
+    chat prompts through the template, the model's EOS suppressed, TRL given the model's own tokenizer."""
+    import dataclasses
+
+    from atgrpo.bench.rollout import bench_rollout
+    from atgrpo.bench.step import bench_step
+    from atgrpo.bench.update import bench_update
+    from hf_dirs import write_tiny_hf_dir
+
+    shape = dataclasses.replace(SMALL, prompt_len=(60, 60), model=write_tiny_hf_dir(str(tmp_path / "m")))
+    r = bench_rollout(shape, str(tmp_path), "rollout", peak_n=128)
+    assert set(r["methods"]) == {"tree", "hf_generate"} and r["targets"] == {"tree_vs_hf_generate": 2.5}
+    assert all(m["tokens"] == SMALL.response_tokens and m["mfu"] > 0 for m in r["methods"].values())
+    u = bench_update(shape, str(tmp_path), "update", peak_n=128)
+    assert u["grads_equal"]
+    has_trl = importlib.util.find_spec("trl") is not None
+    s = bench_step(shape, str(tmp_path), "step", with_trl=has_trl)
+    assert s["targets"] == {"atgrpo_vs_trl": 3.0} and s["methods"]["atgrpo"]["tokens"] == SMALL.response_tokens
+    if has_trl:
+        assert s["trl"]["completion_mean_lengths"] and s["ratios"]["atgrpo_vs_trl"] > 0
+
+
 def test_byte_tokenizer_fast_matches_byte_tokenizer():
     from atgrpo.bench.step import byte_tokenizer_fast
     from atgrpo.policies import ByteTokenizer

@@ -15,7 +15,7 @@ import torch
 
 peft = pytest.importorskip("peft", reason="L2 (per-role LoRA) needs peft: pip install peft")
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from atgrpo.cli import main  # noqa: E402
 from atgrpo.config import ConfigError, load_config  # noqa: E402
@@ -28,6 +28,7 @@ from atgrpo.trainer.checkpoint import save_policies  # noqa: E402
 from atgrpo.trainer.run import build_state, load_policies  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 from atgrpo.trainer.update import update_policy  # noqa: E402
+from hf_dirs import write_tiny_hf_dir  # noqa: E402
 
 TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
         "model.tiny.intermediate_size=64", "rollout.K=4", "rollout.problems_per_step=4", "rollout.max_new_tokens=8",
@@ -75,39 +76,9 @@ def _greedy_hf(model, ids, eos, pad, n=16) -> list[int]:
 
 
 # ---- an offline Hugging Face model directory ------------------------------------------------------------
-CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|im_start|>assistant\n"
-                 "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}")
-
-
-def _write_hf_dir(d: str, add_bos: bool = False) -> str:
-    """A tiny Llama + a byte-level BPE tokenizer with a Qwen3-like chat template (no download). ``add_bos``:
-    the tokenizer prepends ``<s>`` to every string it encodes with special tokens (as Llama's do)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(specials)
-    if add_bos:
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>")
-    fast.chat_template = CHAT_TEMPLATE
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
-                      bos_token_id=1, eos_token_id=4)
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    fast.save_pretrained(d)
-    return d
-
-
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    return _write_hf_dir(str(tmp_path_factory.mktemp("hf_model")))
+    return write_tiny_hf_dir(str(tmp_path_factory.mktemp("hf_model")))
 
 
 def _hf(hf_dir, *extra):
@@ -367,7 +338,7 @@ def test_smollm2_lora_checkpoint_reloads_with_plain_transformers_and_peft(tmp_pa
 # ---- warm start of real models --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_bos_dir(tmp_path_factory):
-    return _write_hf_dir(str(tmp_path_factory.mktemp("hf_bos_model")), add_bos=True)
+    return write_tiny_hf_dir(str(tmp_path_factory.mktemp("hf_bos_model")), add_bos=True)
 
 
 def test_warmstart_answers_are_tokenised_as_rollouts_without_bos(hf_bos_dir):

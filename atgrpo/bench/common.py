@@ -18,11 +18,12 @@ from typing import Callable
 import torch
 
 from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
-from ..policies.tokenizer import EOS, VOCAB_SIZE
+from ..policies.tokenizer import EOS, OFFSET, VOCAB_SIZE
 
-PRESETS = {  # the issue's target shape, and the quickstart's (Plan-Path compact prompts are ~60-80 tokens)
+PRESETS = {  # tiny-model shapes (random byte prompts), and a real model's (chat prompts through its template)
     "issue": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
-    "quickstart": dict(prompts=16, prompt_len=(60, 80), K=8, new_tokens=16),
+    "quickstart": dict(prompts=16, prompt_len=(60, 80), K=8, new_tokens=16),  # Plan-Path compact prompts
+    "smollm2": dict(prompts=8, prompt_len=(300, 300), K=8, new_tokens=64, model="smollm2-135m"),
 }
 
 
@@ -36,6 +37,7 @@ class Shape:
     warmup: int = 1
     seed: int = 0
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    model: str = "tiny"  # "tiny", or a real model: a preset name (smollm2-135m) or a local Hugging Face directory
 
     @property
     def response_tokens(self) -> int:
@@ -54,16 +56,70 @@ def prompt_texts(shape: Shape, count: int | None = None) -> list[str]:
 
 
 def make_policy(shape: Shape, policy_id: str = "bench") -> CausalLMPolicy:
-    """The tiny policy (seed 0 weights; every method and copy starts from the same ones)."""
-    return CausalLMPolicy(policy_id, build_tiny_model(shape.tiny, 0), ByteTokenizer(), max_prompt_tokens=4096)
+    """The tiny policy (seed 0 weights; every method and copy starts from the same ones), or the real model of
+    ``shape.model`` (float32, CPU)."""
+    if shape.model == "tiny":
+        return CausalLMPolicy(policy_id, build_tiny_model(shape.tiny, 0), ByteTokenizer(), max_prompt_tokens=4096)
+    is_dir = os.path.isdir(os.path.expanduser(shape.model))
+    return hf_policy(shape.model if is_dir else None, None if is_dir else shape.model, 8192, policy_id)[0]
 
 
-def suppress_eos(model, bias: float = -1e4):
-    """Add ``bias`` to the EOS logit of every forward (a hook on ``lm_head``), so all samplers produce exactly
-    max_new_tokens tokens. Finite, so entropies stay finite. Returns the hook handle (``.remove()``)."""
-    vec = torch.zeros(VOCAB_SIZE)
-    vec[EOS] = bias
-    return model.lm_head.register_forward_hook(lambda mod, inp, out: out + vec.to(out.dtype).to(out.device))
+def hf_policy(model_path: str | None, preset: str | None, max_prompt_tokens: int, policy_id: str = "bench"):
+    """A real model's policy from a local directory or a preset (float32 on the CPU), and its model config."""
+    from ..config import ModelConfig
+    from ..policies.hf import load_hf_model, make_hf_policy
+
+    mcfg = ModelConfig(kind="hf", path=model_path, preset=None if model_path else preset,
+                       max_prompt_tokens=max_prompt_tokens)
+    model, tok = load_hf_model(mcfg)
+    return make_hf_policy(policy_id, model, tok, mcfg), mcfg
+
+
+def chat_prompt_texts(policy, count: int, target_tokens: int, seed: int) -> list[str]:
+    """``count`` chat prompts of about ``target_tokens`` tokens, rendered through the model's chat template:
+    Plan-Path observations (10x10 grids), the user message extended with more text until the rendered prompt
+    reaches the target."""
+    from ..envs import make
+
+    out = []
+    for i in range(count):
+        env = make("plan_path", style="chat", size=10, wall_prob=0.22, max_turns=4)
+        env.reset(seed * 1000 + i)
+        msgs = env.observe()
+        text = policy.render(msgs)
+        extra = 0
+        while len(policy.encode(text)) < target_tokens:
+            extra += 1
+            more = [dict(m) for m in msgs]
+            more[-1]["content"] = more[-1]["content"] + "\nNote: " + " ".join(f"cell {extra}-{j} checked"
+                                                                             for j in range(extra))
+            text = policy.render(more)
+        out.append(text)
+    return out
+
+
+def bench_prompts(shape: Shape, policy: CausalLMPolicy, count: int | None = None) -> list[str]:
+    """The prompt texts of a benchmark: random byte strings for the tiny model, chat prompts for a real one."""
+    if shape.model == "tiny":
+        return prompt_texts(shape, count)
+    return chat_prompt_texts(policy, count or shape.prompts, shape.prompt_len[0], shape.seed)
+
+
+def response_token_range(policy: CausalLMPolicy) -> tuple[int, int]:
+    """Token ids [lo, hi) that random benchmark responses draw from: the vocabulary without special tokens."""
+    if isinstance(policy.tokenizer, ByteTokenizer):
+        return OFFSET, VOCAB_SIZE
+    special = getattr(policy.tokenizer, "all_special_ids", None) or [0]
+    return max(special) + 1, policy.model.get_output_embeddings().weight.shape[0]
+
+
+def suppress_eos(model, eos_id: int = EOS, bias: float = -1e4):
+    """Add ``bias`` to the EOS logit of every forward (a hook on the output layer), so all samplers produce
+    exactly max_new_tokens tokens. Finite, so entropies stay finite. Returns the hook handle (``.remove()``)."""
+    head = model.get_output_embeddings()
+    vec = torch.zeros(head.weight.shape[0])
+    vec[eos_id] = bias
+    return head.register_forward_hook(lambda mod, inp, out: out + vec.to(out.dtype).to(out.device))
 
 
 def interleaved(methods: dict[str, Callable[[], object]], reps: int, warmup: int) -> dict[str, list[float]]:

@@ -15,39 +15,7 @@ import time
 
 import torch
 
-from .common import interleaved, machine, summarize, write_report
-
-
-def _policy(model_path: str | None, preset: str | None, max_prompt_tokens: int):
-    from ..config import ModelConfig
-    from ..policies.hf import load_hf_model, make_hf_policy
-
-    mcfg = ModelConfig(kind="hf", path=model_path, preset=None if model_path else preset,
-                       max_prompt_tokens=max_prompt_tokens)
-    model, tok = load_hf_model(mcfg)
-    return make_hf_policy("bench", model, tok, mcfg), mcfg
-
-
-def chat_prompts(policy, count: int, target_tokens: int, seed: int) -> list[list[int]]:
-    """``count`` chat prompts of about ``target_tokens`` tokens: Plan-Path observations (10x10 grids), the user
-    message extended with more grid rows until the rendered prompt reaches the target."""
-    from ..envs import make
-
-    out = []
-    for i in range(count):
-        env = make("plan_path", style="chat", size=10, wall_prob=0.22, max_turns=4)
-        env.reset(seed * 1000 + i)
-        msgs = env.observe()
-        ids = policy.encode(policy.render(msgs))
-        extra = 0
-        while len(ids) < target_tokens:
-            extra += 1
-            more = [dict(m) for m in msgs]
-            more[-1]["content"] = more[-1]["content"] + "\nNote: " + " ".join(f"cell {extra}-{j} checked"
-                                                                             for j in range(extra))
-            ids = policy.encode(policy.render(more))
-        out.append(ids)
-    return out
+from .common import chat_prompt_texts, hf_policy, interleaved, machine, summarize, write_report
 
 
 def bench_engines(engines: list[str], out_dir: str, name: str, command: str, model_path: str | None = None,
@@ -57,9 +25,9 @@ def bench_engines(engines: list[str], out_dir: str, name: str, command: str, mod
     from ..config import VLLMConfig
 
     vcfg = vllm_cfg or VLLMConfig()
-    policy, mcfg = _policy(model_path, preset, max(4096, prompt_tokens + 64))
+    policy, mcfg = hf_policy(model_path, preset, max(4096, prompt_tokens + 64))
     policy.model.eval()
-    prompt_ids = chat_prompts(policy, prompts, prompt_tokens, seed)
+    prompt_ids = [policy.encode(t) for t in chat_prompt_texts(policy, prompts, prompt_tokens, seed)]
     P, T, expect = len(prompt_ids), new_tokens, len(prompt_ids) * K * new_tokens
     gen = torch.Generator().manual_seed(seed)
     counts: dict[str, int] = {}

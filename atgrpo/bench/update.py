@@ -16,19 +16,20 @@ import torch
 from ..algorithms.losses import policy_loss
 from ..config import AlgoConfig
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
-from .common import (Shape, interleaved, machine, make_policy, matmul_peak_flops, prompt_texts, shape_dict,
-                     summarize, write_report)
+from .common import (Shape, bench_prompts, interleaved, machine, make_policy, matmul_peak_flops,
+                     response_token_range, shape_dict, summarize, write_report)
 
 
 def make_batch(shape: Shape, policy) -> tuple[list[list[int]], list[list[int]]]:
     """P prompts, each repeated K times, and K random responses of ``new_tokens`` tokens to each (seeded)."""
     g = torch.Generator().manual_seed(shape.seed + 1)
+    lo, hi = response_token_range(policy)
     prompts, responses = [], []
-    for text in prompt_texts(shape):
+    for text in bench_prompts(shape, policy):
         p = policy.encode(text)
         for _ in range(shape.K):
             prompts.append(p)
-            responses.append(torch.randint(3, 259, (shape.new_tokens,), generator=g).tolist())
+            responses.append(torch.randint(lo, hi, (shape.new_tokens,), generator=g).tolist())
     return prompts, responses
 
 
@@ -111,5 +112,6 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
                                                "GFLOP", "MFU %"),
                  [f"shared-prefix vs per-sample: {speedup:.2f}x (target >= 4.5x)",
                   f"gradients: max |diff| {diff:.2e} (max |grad| {scale:.2e}); losses {losses}",
-                  f"matmul peak {peak / 1e9:.1f} GFLOP/s ({peak_n}^3 float32); params {policy.num_parameters()}"])
+                  f"matmul peak {peak / 1e9:.1f} GFLOP/s ({peak_n}^3 float32); params {policy.num_parameters()}; "
+                  f"model {shape.model}"])
     return result
