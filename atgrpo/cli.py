@@ -28,6 +28,8 @@ import traceback
 from .bench import cli as bench_cli
 from .config import ConfigError, load_config, load_resume_config
 
+EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_INTERRUPTED = 1, 2, 3, 130  # the module docstring says when
+
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
     """The optional config path (first item without '=') and the overrides."""
@@ -94,9 +96,6 @@ def cmd_envs(args) -> int:
     return 0
 
 
-EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_INTERRUPTED = 1, 2, 3, 130
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with a one-line error (exit 2) instead of the usage block."""
 
@@ -125,9 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         _report(debug, "atgrpo: interrupted")
         return EXIT_INTERRUPTED
     except Exception as e:
-        from .trainer.checkpoint import RunError
-
-        if isinstance(e, RunError):
+        checkpoint = sys.modules.get("atgrpo.trainer.checkpoint")  # not loaded: e cannot be one of its errors
+        if checkpoint is not None and isinstance(e, checkpoint.RunError):
             _report(debug, f"atgrpo: error: {_line(e)}")
             return EXIT_INPUT
         _report(debug, f"atgrpo: error: {type(e).__name__}: {_line(e)} (run again with --debug for the traceback)")

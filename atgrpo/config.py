@@ -560,9 +560,9 @@ def _validate_device(device: str) -> None:
     if d.type == "cuda":
         n = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if n == 0:
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise ConfigError(f"model.device={device!r} but torch sees no CUDA device on this machine (torch "
-                              f"{torch.__version__}, {'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}"
-                              f"); use model.device=cpu")
+                              f"{torch.__version__}, {build}); use model.device=cpu")
         if d.index is not None and d.index >= n:
             raise ConfigError(f"model.device={device!r} but this machine has {n} CUDA device(s) (cuda:0..cuda:{n - 1})")
     elif d.type == "mps":
@@ -632,8 +632,9 @@ def _validate_model(cfg: Config) -> None:
             raise ConfigError(f"model.preset / model.gguf_file need model.kind=hf (model.kind={m.kind!r})")
         return
     if m.preset is None and m.path and not m.gguf_file and os.path.isfile(os.path.expanduser(m.path)):
+        gguf = ", and model.gguf_file for a GGUF file" if m.path.endswith(".gguf") else ""
         raise ConfigError(f"model.path={m.path!r} is a file; give the model's directory (config.json, weights, "
-                          f"tokenizer files){', and model.gguf_file for a GGUF file' if m.path.endswith('.gguf') else ''}")
+                          f"tokenizer files){gguf}")
     from .policies.hf import PRESETS, model_source_error  # local import: pulls in torch
 
     if m.preset is not None:

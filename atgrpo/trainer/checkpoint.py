@@ -354,9 +354,10 @@ def step_dirs(run_dir: str) -> list[Checkpoint]:
     return sorted(out, key=lambda c: -c.step)
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
+    """An exception as one line of at most ~400 characters: its type and its message."""
     text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:300]}" if text else type(e).__name__
+    return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
 
 
 def restore_newest_intact(run_dir: str, state: "TrainState",
@@ -373,7 +374,7 @@ def restore_newest_intact(run_dir: str, state: "TrainState",
             try:
                 progress = load_checkpoint(ckpt, state)
             except Exception as e:  # no manifest (an older run), or contents that do not load
-                problem = _one_line(e)
+                problem = one_line(e)
         if problem is not None:
             damaged.append((ckpt, problem))
             continue

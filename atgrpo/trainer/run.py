@@ -27,8 +27,8 @@ import yaml
 
 from ..config import Config, ConfigError, load_config, load_resume_config  # noqa: F401 (re-exported)
 from .checkpoint import (CHECKPOINT_DIR, LOCK_FILE, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock,
-                         StopOnSignal, atomic_write_text, latest_checkpoint, load_references, remove_leftovers,
-                         restore_newest_intact, save_checkpoint, save_policies, save_references,
+                         StopOnSignal, atomic_write_text, latest_checkpoint, load_references, one_line,
+                         remove_leftovers, restore_newest_intact, save_checkpoint, save_policies, save_references,
                          write_dir_atomically)
 from .evaluate import evaluate
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
@@ -96,19 +96,11 @@ def _build_checked(cfg: Config) -> TrainState:
         if cfg.model.kind != "hf" or isinstance(e, ConfigError):
             raise
         what = f"model.path={cfg.model.path!r}" if cfg.model.path else f"model.preset={cfg.model.preset!r}"
-        raise ConfigError(f"{what} cannot be loaded: {_one_line(e)}") from e
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
+        raise ConfigError(f"{what} cannot be loaded: {one_line(e)}") from e
 
 
 def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-
 
 
 def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
@@ -308,7 +300,7 @@ def _finished_summary(run_dir: str) -> dict[str, Any] | None:
             raise ValueError("not a JSON object")
         return done
     except (OSError, ValueError) as e:
-        _warn(f"atgrpo: warning: {path} is damaged ({_one_line(e)}); ignoring it (the resumed run writes it again)")
+        _warn(f"atgrpo: warning: {path} is damaged ({one_line(e)}); ignoring it (the resumed run writes it again)")
         return None
 
 
