@@ -25,6 +25,27 @@ from .kv_cache import CascadeCache, ReservedCache
 from .tokenizer import ByteTokenizer
 
 
+LOGPROB_CHUNK_ROWS = 256  # positions per log-sum-exp chunk: bounds its full-vocabulary temporaries
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log softmax(logits / T)[target]``: ``logits  # (..., V)``, ``targets  # (...)`` -> ``(...)`` in float32.
+
+    The target's scaled logit minus the log-sum-exp over the vocabulary, in chunks of positions: no
+    full-vocabulary log-probability tensor is made, and for float32 logits at T = 1 nothing of vocabulary size
+    is copied (autograd keeps views of ``logits``); the temporaries of one chunk are all that is added. Equal
+    to ``log_softmax(...).gather(...)`` up to float rounding."""
+    V = logits.shape[-1]
+    flat, tgt = logits.reshape(-1, V), targets.reshape(-1, 1)
+    out = []
+    for s in range(0, flat.shape[0], LOGPROB_CHUNK_ROWS):
+        x = flat[s:s + LOGPROB_CHUNK_ROWS].float()
+        if temperature != 1.0:
+            x = x / max(temperature, 1e-6)
+        out.append(x.gather(1, tgt[s:s + LOGPROB_CHUNK_ROWS]).squeeze(1) - torch.logsumexp(x, dim=-1))
+    return (torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)).view(targets.shape)
+
+
 @dataclass
 class Completion:
     ids: list[int]  # response tokens, EOS included when produced
@@ -173,15 +194,19 @@ class CausalLMPolicy:
             attn[i, :lens[i]] = 1
             tgt_idx[i, :len(r)] = torch.arange(len(p) - 1, len(p) - 1 + len(r))
             mask[i, :len(r)] = 1
+        # logits of the last `keep` positions only (every response token is predicted from there on)
+        keep = L - min(len(p) for p in prompt_ids) + 1
+        tgt_idx = (tgt_idx - (L - keep)).clamp(min=0)  # padding entries (masked) may not point before the window
         seq, attn, tgt_idx, mask = (x.to(self.device) for x in (seq, attn, tgt_idx, mask))
-        logits = self.model(input_ids=seq, attention_mask=attn).logits  # (B, L, V)
+        if "logits_to_keep" in self._last_logits_only:
+            logits = self.model(input_ids=seq, attention_mask=attn, logits_to_keep=keep).logits  # (B, keep, V)
+        else:
+            logits = self.model(input_ids=seq, attention_mask=attn).logits[:, L - keep:]
         picked = logits.gather(1, tgt_idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
-        logp_all = F.log_softmax(picked.float() / max(temperature, 1e-6), dim=-1)
         targets = torch.zeros((B, T), dtype=torch.long, device=self.device)
         for i, r in enumerate(response_ids):
             targets[i, :len(r)] = torch.tensor(r)
-        logp = logp_all.gather(2, targets[:, :, None]).squeeze(2) * mask  # (B, T)
-        return logp, mask
+        return token_logprobs(picked, targets, temperature) * mask, mask  # (B, T)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

@@ -24,13 +24,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer
 
 from . import cascade
 from .cascade import PrefixTree
-from .causal_lm import CausalLMPolicy
+from .causal_lm import CausalLMPolicy, token_logprobs
 
 
 def group_by_prompt(prompt_ids: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -122,15 +121,15 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
     for r, i in enumerate(order):
         rin[r, :len(response_ids[i]) - 1] = torch.tensor(list(response_ids[i][:-1]), dtype=torch.long)
     prompts = [list(prompt_ids[g[0]]) for g in groups]
-    logits = (_tree_logits if policy.cascade else _two_pass_logits)(policy, prompts, row_group, rin.to(dev))
-    logp_all = F.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)  # (R, T, V)
     targets = torch.zeros((B, T), dtype=torch.long)
     mask = torch.zeros((B, T))
     for r, i in enumerate(order):
         targets[r, :len(response_ids[i])] = torch.tensor(list(response_ids[i]), dtype=torch.long)
         mask[r, :len(response_ids[i])] = 1
     targets, mask = targets.to(dev), mask.to(dev)
-    logp = logp_all.gather(2, targets[:, :, None]).squeeze(2) * mask  # (R, T), rows in `order`
+    first, rest = (_tree_logits if policy.cascade else _two_pass_logits)(policy, prompts, row_group, rin.to(dev))
+    logp = torch.cat([token_logprobs(first[row_group], targets[:, :1], temperature),  # token 0: the prompt's
+                      token_logprobs(rest, targets[:, 1:], temperature)], dim=1) * mask  # last position; (R, T)
     inv = torch.empty(B, dtype=torch.long)
     inv[torch.tensor(order)] = torch.arange(B)
     inv = inv.to(dev)
@@ -138,11 +137,11 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
 
 
 def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
-                 rin: torch.Tensor) -> torch.Tensor:
+                 rin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward over the packed prefix tree (``cascade.PrefixTree``), batch 1: the prompts' tokens (right-
     padded, so their own attention is plain causal) then the responses' inputs ``rin  # (R, M)``, response row
-    ``r`` continuing prompt ``row_group[r]``. Logits ``(R, M + 1, V)`` of the positions that predict response
-    tokens (each prompt's last real one, then every response input) and of no other."""
+    ``r`` continuing prompt ``row_group[r]``. Logits of the positions that predict response tokens and of no
+    other: each prompt's last real one ``(G, V)``, and every response input ``(R, M, V)``."""
     dev = rin.device
     pin, pmask = policy.pad_prompts(prompts, left=False)
     (G, Lp), (R, M) = pin.shape, rin.shape
@@ -156,27 +155,27 @@ def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: to
             logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits[0]
         else:
             logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, keep]
-    first = logits[:G][row_group]  # (R, V): each prompt's last position predicts response token 0
-    return torch.cat([first[:, None], logits[G:].view(R, M, logits.shape[-1])], dim=1)
+    return logits[:G], logits[G:].view(R, M, logits.shape[-1])
 
 
 def _two_pass_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
-                     rin: torch.Tensor) -> torch.Tensor:
+                     rin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Architectures without cascade attention: a forward over the distinct prompts (left-padded), then one
-    over the responses on the prompts' keys/values repeated K ways (``_PrefixLayer``). Logits ``(R, M + 1, V)``."""
+    over the responses on the prompts' keys/values repeated K ways (``_PrefixLayer``). Logits of each prompt's
+    last position ``(G, V)`` and of every response input ``(R, M, V)``."""
     dev, model = rin.device, policy.model
     pin, pmask = policy.pad_prompts(prompts, left=True)
     cache = DynamicCache()
     out = model(input_ids=pin, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
                 use_cache=True, **{policy._cache_kw: cache}, **policy._last_logits_only)
-    first = out.logits[:, -1][row_group]  # (R, V): predicts response token 0
+    first = out.logits[:, -1]  # (G, V): predicts response token 0
     M = rin.shape[1]
     if M == 0:
-        return first[:, None]
+        return first, first.new_zeros((rin.shape[0], 0, first.shape[-1]))
     sizes = torch.bincount(row_group).tolist()
     cache = Cache(layers=[_PrefixLayer(layer.keys, layer.values, sizes) for layer in cache.layers])
     attn = torch.cat([pmask[row_group], torch.ones_like(rin)], dim=1)  # (R, Lp + M): response padding is
     # right of real tokens, so causal attention never lets a real position see it
     rpos = pmask.sum(1)[row_group][:, None] + torch.arange(M, device=dev)
     out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True, **{policy._cache_kw: cache})
-    return torch.cat([first[:, None], out.logits], dim=1)
+    return first, out.logits
