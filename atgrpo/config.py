@@ -528,8 +528,18 @@ def _validate_ray_fit(r: RayConfig, n_policies: int) -> None:
 
     if importlib.util.find_spec("ray") is None:
         raise ConfigError("trainer.backend=ray needs Ray, which is not installed here: pip install -e '.[ray]'")
-    if not r.address:  # an existing cluster: Ray places the workers, or says why not, when they start
-        ray_cpu_shares(r, n_policies, local_ray_cpus(r))
+    if r.address:  # an existing cluster: Ray places the workers, or says why not, when they start
+        return
+    ray_cpu_shares(r, n_policies, local_ray_cpus(r))
+    if r.gpus_per_worker > 0:
+        import torch
+
+        n_pool = n_policies * (r.num_rollout_workers + r.num_update_workers)
+        need, have = n_pool * r.gpus_per_worker, torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if need > have + 1e-9:
+            raise ConfigError(f"trainer.ray.gpus_per_worker={r.gpus_per_worker:g}: the {n_pool} rollout/update workers "
+                              f"need {need:g} GPUs but this machine has {have}; lower it (fractions share a GPU), "
+                              f"or 0 for CPU workers")
 
 
 def _validate_tiny(cfg: Config) -> None:

@@ -52,6 +52,7 @@ ROWS = [
     ("env kwarg set by atgrpo", ["env.kwargs.split=eval"], 2, ["env.kwargs.split"]),
     ("negative weight decay", ["algo.weight_decay=-0.1"], 2, ["algo.weight_decay=-0.1", ">= 0"]),
     ("--out is a file", ["--out", "{tmp}/afile"], 2, ["afile", "is a file"]),
+    ("--out inside a file", ["--out", "{tmp}/afile/run"], 2, ["afile/run", "cannot create the run directory"]),
     ("alpha nan", ["algo.alpha=nan"], 2, ["algo.alpha=nan", "finite"]),
     ("lr inf", ["algo.lr=.inf"], 2, ["algo.lr=inf", "finite"]),
     ("K=1 in tree mode", ["rollout.K=1"], 2, ["rollout.K=1", "nothing is learned", "train.steps=0"]),
@@ -69,6 +70,8 @@ ROWS = [
     ("Ray workers that do not fit",
      ["trainer.backend=ray", "trainer.ray.num_cpus=2", "trainer.ray.cpus_per_worker=1",
       "trainer.ray.cpus_per_env_worker=1"], 2, ["need 4 CPUs", "has 2", "trainer.ray.num_cpus=4"]),
+    ("Ray GPUs this machine lacks", ["trainer.backend=ray", "trainer.ray.gpus_per_worker=64"], 2,
+     ["trainer.ray.gpus_per_worker=64", "GPUs but this machine has"]),
 ]
 
 

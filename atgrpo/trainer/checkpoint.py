@@ -433,8 +433,12 @@ class RunLock:
         self._f = None
 
     def acquire(self) -> "RunLock":
-        os.makedirs(self.run_dir, exist_ok=True)
-        f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
+        except OSError as e:  # a path through a file, no permission, a read-only or full disk
+            raise RunError(f"cannot create the run directory {self.run_dir} ({e.strerror or e}); choose another "
+                           f"--out") from None
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
