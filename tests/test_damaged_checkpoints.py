@@ -138,3 +138,16 @@ def test_damaged_final_policies_are_named_by_eval(run, capsys):
     assert main(["eval", run, "eval.problems=2", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "checkpoint/final" in err[0] and "model.safetensors" in err[0], err
+
+
+def test_truncated_metrics_line_and_deleted_summary_resume(run, base, capsys):
+    path = os.path.join(run, "metrics.jsonl")
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text[:len(text) - 40])  # the last row cut in the middle, as a kill mid-write leaves it
+    os.remove(os.path.join(run, "summary.json"))
+    capsys.readouterr()
+    assert main(["train", "--resume", run, "--quiet"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert _rows(run) == _rows(base)
+    assert json.load(open(os.path.join(run, "summary.json")))["steps"] == 2
