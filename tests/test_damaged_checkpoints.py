@@ -17,6 +17,7 @@ from atgrpo.cli import main
 from atgrpo.trainer import checkpoint as ck
 
 BASE = ["train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=2"]
+WEIGHTS = os.path.join("shared", "model.safetensors")  # the one policy of the quickstart (L1) is called shared
 
 
 def _rows(run_dir):
@@ -63,13 +64,13 @@ def _delete(path):
 
 # (id, file in checkpoint/step_2, damage, what the warning names)
 CASES = [
-    ("weights truncated", "shared/model.safetensors", _truncate, "model.safetensors"),
-    ("weights one byte changed", "shared/model.safetensors", _flip, "model.safetensors"),
+    ("weights truncated", WEIGHTS, _truncate, "model.safetensors"),
+    ("weights one byte changed", WEIGHTS, _flip, "model.safetensors"),
     ("optimizer and RNG state truncated", ck.STATE_FILE, _truncate, ck.STATE_FILE),
     ("optimizer and RNG state one byte changed", ck.STATE_FILE, _flip, ck.STATE_FILE),
     ("progress JSON truncated", ck.PROGRESS_FILE, _truncate, ck.PROGRESS_FILE),
-    ("model config JSON truncated", "shared/config.json", _truncate, "config.json"),
-    ("policy file deleted", "shared/atgrpo_policy.json", _delete, "atgrpo_policy.json"),
+    ("model config JSON truncated", os.path.join("shared", "config.json"), _truncate, "config.json"),
+    ("policy file deleted", os.path.join("shared", "atgrpo_policy.json"), _delete, "atgrpo_policy.json"),
     ("manifest truncated", ck.MANIFEST_FILE, _truncate, ck.MANIFEST_FILE),
 ]
 
@@ -105,7 +106,7 @@ def test_checkpoint_without_manifest_is_checked_by_loading(run, base, capsys):
 
 
 def test_every_checkpoint_damaged_is_one_clear_error(run, capsys):
-    for step, rel in ((1, "shared/model.safetensors"), (2, ck.PROGRESS_FILE)):
+    for step, rel in ((1, WEIGHTS), (2, ck.PROGRESS_FILE)):
         _truncate(os.path.join(run, "checkpoint", f"step_{step}", rel))
     before = sorted(os.listdir(os.path.join(run, "checkpoint")))
     rows = _rows(run)
@@ -114,7 +115,7 @@ def test_every_checkpoint_damaged_is_one_clear_error(run, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1, err
     assert err[0].startswith("atgrpo: error: no intact checkpoint in")
-    for s in ("step_1: shared/model.safetensors has", "step_2: progress.json has", "move"):
+    for s in (f"step_1: {WEIGHTS} has", "step_2: progress.json has", "move"):
         assert s in err[0], (s, err[0])
     assert sorted(os.listdir(os.path.join(run, "checkpoint"))) == before  # nothing moved or removed
     assert _rows(run) == rows
@@ -133,7 +134,7 @@ def test_truncated_summary_does_not_stop_a_resume(run, base, capsys):
 
 
 def test_damaged_final_policies_are_named_by_eval(run, capsys):
-    _flip(os.path.join(run, "checkpoint", "final", "shared", "model.safetensors"))
+    _flip(os.path.join(run, "checkpoint", "final", WEIGHTS))
     capsys.readouterr()
     assert main(["eval", run, "eval.problems=2", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
