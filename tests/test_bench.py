@@ -71,7 +71,8 @@ def test_bench_real_model_shape_uses_chat_prompts_and_the_models_tokenizer(tmp_p
     from atgrpo.bench.update import bench_update
     from hf_dirs import write_tiny_hf_dir
 
-    shape = dataclasses.replace(SMALL, prompt_len=(60, 60), model=write_tiny_hf_dir(str(tmp_path / "m")))
+    shape = dataclasses.replace(SMALL, prompt_len=(60, 60), model=write_tiny_hf_dir(str(tmp_path / "m")),
+                                micro_batch_size=2, token_budget=80)  # several passes per update, as for SmolLM2
     r = bench_rollout(shape, str(tmp_path), "rollout", peak_n=128)
     assert set(r["methods"]) == {"tree", "hf_generate"} and r["targets"] == {"tree_vs_hf_generate": 2.5}
     assert all(m["tokens"] == SMALL.response_tokens and m["mfu"] > 0 for m in r["methods"].values())

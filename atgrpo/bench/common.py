@@ -17,13 +17,15 @@ from typing import Callable
 
 import torch
 
+from ..config import AlgoConfig
 from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from ..policies.tokenizer import EOS, OFFSET, VOCAB_SIZE
 
 PRESETS = {  # tiny-model shapes (random byte prompts), and a real model's (chat prompts through its template)
     "issue": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
     "quickstart": dict(prompts=16, prompt_len=(60, 80), K=8, new_tokens=16),  # Plan-Path compact prompts
-    "smollm2": dict(prompts=8, prompt_len=(300, 300), K=8, new_tokens=64, model="smollm2-135m"),
+    "smollm2": dict(prompts=8, prompt_len=(300, 300), K=8, new_tokens=64, model="smollm2-135m", micro_batch_size=8,
+                    token_budget=2048),
 }
 
 
@@ -38,6 +40,12 @@ class Shape:
     seed: int = 0
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     model: str = "tiny"  # "tiny", or a real model: a preset name (smollm2-135m) or a local Hugging Face directory
+    micro_batch_size: int = 256  # sequences per forward/backward (per-sample scoring; TRL's per-device batch)
+    token_budget: int = 16384  # padded tokens per shared-prefix forward/backward (real models: activations are GBs)
+
+    def algo(self, **kw) -> AlgoConfig:
+        """The update settings of this shape (micro-batching as the trainer would be configured for the model)."""
+        return AlgoConfig(micro_batch_size=self.micro_batch_size, update_token_budget=self.token_budget, **kw)
 
     @property
     def response_tokens(self) -> int:

@@ -82,7 +82,7 @@ def bench_step(shape: Shape, out_dir: str, name: str = "step", command: str | No
     ours = make_policy(shape)
     texts = bench_prompts(shape, ours, shape.prompts * steps)  # step s uses texts[s*P:(s+1)*P], on both sides
     suppress_eos(ours.model, ours.eos_id)
-    algo = AlgoConfig(minibatches=1, lr=1e-6)
+    algo = shape.algo(minibatches=1, lr=1e-6)
     opt = make_optimizer(ours, algo)
     gen = torch.Generator().manual_seed(shape.seed)
     ids = [ours.encode(t) for t in texts]
@@ -149,8 +149,11 @@ def _run_with_trl(shape: Shape, texts: list[str], ids: list[list[int]], ours_ste
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 
-    cfg = GRPOConfig(output_dir="/tmp/atgrpo_bench_trl", per_device_train_batch_size=shape.prompts * shape.K,
-                     num_generations=shape.K, max_completion_length=shape.new_tokens, gradient_accumulation_steps=1,
+    per_device = min(shape.micro_batch_size, shape.prompts * shape.K)  # the same sequences per pass as ours
+    assert (shape.prompts * shape.K) % per_device == 0, "micro_batch_size must divide prompts * K"
+    cfg = GRPOConfig(output_dir="/tmp/atgrpo_bench_trl", per_device_train_batch_size=per_device,
+                     num_generations=shape.K, max_completion_length=shape.new_tokens,
+                     gradient_accumulation_steps=shape.prompts * shape.K // per_device,
                      max_steps=steps, learning_rate=1e-6, lr_scheduler_type="constant", beta=0.0, epsilon=0.2,
                      temperature=1.0, top_k=0, top_p=1.0, gradient_checkpointing=False, bf16=False, use_cpu=True,
                      shuffle_dataset=False, logging_steps=1, report_to="none", save_strategy="no",

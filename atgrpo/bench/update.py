@@ -1,7 +1,7 @@
 """Update throughput: the shared-prefix loss against one sequence per sample, forward + backward.
 
 Both run the same PPO loss (``policy_loss``, token-mean) on the same P * K samples (K responses of exactly
-``new_tokens`` tokens to each prompt), micro-batched as ``update_policy`` does (defaults of ``AlgoConfig``).
+``new_tokens`` tokens to each prompt), micro-batched as ``update_policy`` does (the shape's ``algo()`` settings).
 Before timing, both compute the gradient once and the report says how far apart they are (they must agree to
 float rounding). Model FLOPs utilization (MFU) is measured against the machine's float32 matmul peak
 (``matmul_peak_flops``); FLOPs = 6 * parameters * tokens the method actually runs + attention
@@ -73,7 +73,7 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
                  peak_n: int = 2048) -> dict:
     policy = make_policy(shape)
     policy.model.train()
-    algo = AlgoConfig()
+    algo = shape.algo()
     prompts, responses = make_batch(shape, policy)
     with torch.no_grad():
         old, _ = policy.response_logprobs(prompts, responses, 1.0)  # (B, T) "sampling-time" log-probs
