@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -56,7 +57,8 @@ def cmd_train(args) -> int:
         cfg, out = load_resume_config(args.resume, overrides), args.resume
     else:
         cfg = load_config(path, overrides)  # bad keys and values fail here, before any work
-        out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-{cfg.env.name}-{cfg.policy.sharing}")
+        env = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name.rpartition(":")[2] or cfg.env.name)  # module:Class
+        out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-{env}-{cfg.policy.sharing}")
     if os.path.exists(out) and not os.path.isdir(out):  # also checked by train(); here before heavy imports
         print(f"atgrpo: error: run directory {out!r} is a file, not a directory; choose another --out",
               file=sys.stderr)

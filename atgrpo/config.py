@@ -376,9 +376,9 @@ def validate(cfg: Config, training: bool = True) -> None:
     """Every check that can be made before any work: keys, types, ranges, choices, combinations, the env's
     kwargs (the env is built once), the model's shape and device, and (Ray) whether the workers fit.
     ``training=False``: the config is only evaluated (``atgrpo eval``), so training-only checks are skipped."""
-    from .envs import PROMPT_STYLES, registered  # local import: envs are pure Python, this keeps import light
+    from .envs import PROMPT_STYLES  # local import: envs are pure Python, this keeps import light
 
-    _choice("env.name", cfg.env.name, list(registered()))
+    _resolve_env(cfg.env.name)
     _choice("env.style", cfg.env.style, PROMPT_STYLES)
     _choice("model.kind", cfg.model.kind, MODEL_KINDS)
     _validate_model(cfg)
@@ -582,6 +582,17 @@ def _validate_device(device: str) -> None:
         raise ConfigError(f"model.device={device!r} is not supported; use cpu, cuda[:N] or mps")
 
 
+def _resolve_env(name: Any):
+    """The factory of ``env.name``: a registered name, ``module:Class`` (imported), or an ``atgrpo.envs`` entry
+    point; anything else is a ``ConfigError`` naming the choices."""
+    from .envs import registry
+
+    try:
+        return registry.resolve(name)
+    except registry.EnvError as e:
+        raise ConfigError(f"env.name={name!r}: {e}") from None
+
+
 _ENV_SET_BY_ATGRPO = {"style": "env.style", "split": "atgrpo (train and evaluation problems)"}
 
 
@@ -592,7 +603,7 @@ def _validate_env(cfg: Config) -> int:
 
     from .envs import registry
 
-    factory = registry._REGISTRY[cfg.env.name]
+    factory = _resolve_env(cfg.env.name)
     kwargs = cfg.env.kwargs
     for k in kwargs:
         if k in _ENV_SET_BY_ATGRPO:
@@ -628,6 +639,8 @@ def _validate_env(cfg: Config) -> int:
         env.reset(0)
     except ConfigError:
         raise
+    except registry.EnvError as e:  # a user environment that fails check_env on its first build
+        raise ConfigError(f"env.name={cfg.env.name!r}: {e}") from None
     except Exception as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"env.kwargs={kwargs!r} do not fit env {cfg.env.name!r}: {msg}") from None
