@@ -6,7 +6,9 @@ float32, in one process: every repetition runs each engine once, in rotating ord
 suppressed on both (native: a -1e4 bias on its logit; vLLM: no stop token, ``ignore_eos``), so each engine
 produces exactly P * K * T tokens (checked). Also measured: the vLLM engine's start-up, its full-weight sync
 (the trainer's ``state_dict`` written to /dev/shm and reloaded in place, median of ``reps``), and with
-``--train-step`` one whole ``atgrpo train`` step (rollout + recompute + update + sync) with each engine.
+``--train-step`` one whole ``atgrpo train`` step with each engine (L1, chat Plan-Path with direct tool answers,
+2 problems, K = 8, 64 new tokens, zero-variance groups kept so every step updates; the second of two steps:
+rollout, for vLLM the trainer's log-prob recompute, update, for vLLM the weight sync).
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ def _loadavg() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-STEP_OVERRIDES = ["model.kind=hf", "env.style=chat", "env.name=plan_path", "policy.sharing=L1", "rollout.K=8",
-                  "rollout.problems_per_step=4", "rollout.max_new_tokens=64", "warmstart.enabled=false",
+STEP_OVERRIDES = ["model.kind=hf", "env.style=chat", "env.name=plan_path", "env.kwargs.tool_mode=direct",
+                  "algo.filter_zero_variance=false", "policy.sharing=L1", "rollout.K=8",
+                  "rollout.problems_per_step=2", "rollout.max_new_tokens=64", "warmstart.enabled=false",
                   "algo.lr=1e-5", "eval.problems=1", "train.steps=2"]
 
 
@@ -127,7 +130,7 @@ def _train_step_seconds(engine: str, model_path: str | None, preset: str | None,
     finally:
         state.backend.close()
     out = {"step_s": m["time/step"], "rollout_s": m["time/rollout"], "update_s": m["time/update"],
-           "config": "L1 chat Plan-Path, 4 problems, K=8, 64 new tokens, 2nd step"}
+           "config": "L1 chat Plan-Path, 2 problems, K=8, 64 new tokens, 2nd step"}
     if engine == "vllm":
         out["sync_s"] = m["time/weight_sync"]
         out["logprob_gap_max"] = m["rollout/logprob_gap/shared/max"]
