@@ -145,8 +145,8 @@ class TrainConfig:
     checkpoint_every: int = 10  # steps between checkpoints (0: only at the end and on a stop signal)
     keep_checkpoints: int = 2  # step checkpoints kept (the newest ones); checkpoint/final is always kept
     max_nonfinite: int = 3  # stop with an error after this many skipped non-finite updates
-    threads: int = 0  # torch CPU threads (0: torch's default). 1 is steadier on a busy machine, and lets
-    # several small runs share the cores (`atgrpo bench learning` runs its cells one thread each)
+    threads: int = 0  # torch CPU threads (0: OMP_NUM_THREADS if set, else the cores free now: usable cores minus
+    # the load average, at least 1; atgrpo/threads.py). The choice is printed and written to config.yaml
 
 
 @dataclass
@@ -410,7 +410,7 @@ def validate(cfg: Config, training: bool = True) -> None:
                 "warmstart.noise", "train.steps", "eval.every", "warmstart.episodes", "warmstart.epochs"):
         sect, name = key.split(".")
         _positive(key, getattr(getattr(cfg, sect), name), allow_zero=True)
-    for name, zero in (("checkpoint_every", "only at the end"), ("threads", "torch's default")):
+    for name, zero in (("checkpoint_every", "only at the end"), ("threads", "OMP_NUM_THREADS, else the free cores")):
         v = getattr(cfg.train, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ConfigError(f"train.{name}={v!r} must be an integer >= 0 (0: {zero})")

@@ -17,3 +17,5 @@ def fast_overrides():
 
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # runs in the tests compare rows exactly: a fixed thread count, not one chosen from the load (train.threads=0)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")

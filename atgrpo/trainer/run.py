@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from ..config import Config, ConfigError, load_config, load_resume_config  # noqa: F401 (re-exported)
+from ..threads import choose_threads
 from .checkpoint import (CHECKPOINT_DIR, LOCK_FILE, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock,
                          StopOnSignal, atomic_write_text, latest_checkpoint, load_references, one_line,
                          remove_leftovers, restore_newest_intact, save_checkpoint, save_policies, save_references,
@@ -148,8 +149,12 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
            started: list[bool]) -> dict[str, Any]:
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
+    threads, why = choose_threads(cfg.train.threads)
+    torch.set_num_threads(threads)
+    if not cfg.train.threads:  # config.yaml records the choice: a resumed run uses the same count (exact rows)
+        cfg = copy.deepcopy(cfg)
+        cfg.train.threads = threads
+    say(f"atgrpo: threads={threads} ({why}; set train.threads=N to choose)")
     if not resume and (os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
                        or os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR))):
         raise RunError(f"{run_dir} already holds a run; continue it with `atgrpo train --resume {run_dir}` "
