@@ -96,6 +96,9 @@ class RolloutConfig:
     max_new_tokens: int = 12
     engine: str = "native"  # native (cascade decoding on transformers) | vllm (model.kind=hf; docs/models.md)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    # a role's own sampling, over the values above: {coder: {max_new_tokens: 1024}, tester: {max_new_tokens: 128,
+    # temperature: 0.8, stop: ["</test>"]}}; the loss scores each sample at the temperature it was drawn at
+    per_agent: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -277,6 +280,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     parts = key.strip().split(".")
     node = data
     for i, part in enumerate(parts[:-1]):
+        if part not in node and i >= 2 and _is_free_dict(parts):  # rollout.per_agent.<role>.<key>
+            node[part] = {}
         if part not in node:
             raise ConfigError(f"unknown config key {'.'.join(parts[:i + 1])!r} in override {item!r}; "
                               f"valid keys here: {', '.join(node)}")
@@ -296,7 +301,7 @@ def apply_override(data: dict[str, Any], item: str) -> None:
 
 
 def _is_free_dict(parts: list[str]) -> bool:
-    return len(parts) >= 2 and parts[0] == "env" and parts[1] == "kwargs"
+    return len(parts) >= 2 and parts[:2] in (["env", "kwargs"], ["rollout", "per_agent"])
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
@@ -637,6 +642,7 @@ def _validate_env(cfg: Config) -> int:
         if roles:
             env = registry.make(cfg.env.name, style=cfg.env.style, **{**kwargs, "roles": roles})
         env.reset(0)
+        _validate_per_agent(cfg, env.agents, env.name)
     except ConfigError:
         raise
     except registry.EnvError as e:  # a user environment that fails check_env on its first build
@@ -645,6 +651,47 @@ def _validate_env(cfg: Config) -> int:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"env.kwargs={kwargs!r} do not fit env {cfg.env.name!r}: {msg}") from None
     return 1 if cfg.policy.sharing in ("L0", "L1") else len(env.agents)
+
+
+PER_AGENT_KEYS = ("temperature", "max_new_tokens", "stop")
+
+
+def _validate_per_agent(cfg: Config, agents: tuple[str, ...], env_name: str) -> None:
+    """``rollout.per_agent``: each key a role of the run's agents, each value one of PER_AGENT_KEYS."""
+    per = cfg.rollout.per_agent
+    if not isinstance(per, dict):
+        raise ConfigError(f"rollout.per_agent={per!r} must be a mapping role -> {{temperature, max_new_tokens, stop}}")
+    for role, spec in per.items():
+        key = f"rollout.per_agent.{role}"
+        if role not in agents:
+            raise ConfigError(f"{key}: {role!r} is not an agent of env {env_name!r} here (agents: {', '.join(agents)})")
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{key}={spec!r} must be a mapping with any of: {', '.join(PER_AGENT_KEYS)}")
+        for k, v in spec.items():
+            if k not in PER_AGENT_KEYS:
+                raise ConfigError(f"unknown config key '{key}.{k}'; valid keys here: {', '.join(PER_AGENT_KEYS)}")
+        if "temperature" in spec:
+            t = _coerce(float, spec["temperature"], f"{key}.temperature")
+            if t <= 0:
+                raise ConfigError(f"{key}.temperature={t!r} must be a finite number > 0 (0 would make all K "
+                                  f"candidates identical)")
+            spec["temperature"] = t
+        if "max_new_tokens" in spec:
+            m = _coerce(int, spec["max_new_tokens"], f"{key}.max_new_tokens")
+            if m < 1:
+                raise ConfigError(f"{key}.max_new_tokens={m!r} must be an integer >= 1")
+        if "stop" in spec:
+            stop = spec["stop"]
+            stops = [stop] if isinstance(stop, str) else stop
+            if not (isinstance(stops, list) and all(isinstance(x, str) and x for x in stops)):
+                raise ConfigError(f"{key}.stop={stop!r} must be a non-empty string or a list of them")
+            spec["stop"] = list(stops)
+
+
+def max_new_tokens_any(cfg: Config) -> int:
+    """The longest response any role may write (``rollout.max_new_tokens`` or a role's own, if longer)."""
+    own = [spec.get("max_new_tokens", 0) for spec in cfg.rollout.per_agent.values() if isinstance(spec, dict)]
+    return max([cfg.rollout.max_new_tokens, *own])
 
 
 def _validate_model(cfg: Config) -> None:

@@ -27,6 +27,7 @@ class Sample:
     episode_return: float | None = None  # trajectory mode: summed reward of its whole trajectory
     group: str = ""  # filled by the trainer
     advantage: float = 0.0  # filled by the trainer
+    temperature: float | None = None  # the sampling temperature (the loss scores under the same one)
 
     def dump(self) -> dict[str, Any]:
         """The JSON line written to rollouts/step_<N>.jsonl (token ids and log-probs left out)."""

@@ -16,14 +16,15 @@ EVAL_BATCH = 256  # problems per batched rollout
 
 def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, CausalLMPolicy],
              agent_to_policy: dict[str, str], problems: int, temperature: float, max_new_tokens: int, alpha: float,
-             seed: int = 0) -> tuple[dict[str, float], list[EpisodeResult]]:
+             seed: int = 0, per_agent: dict | None = None) -> tuple[dict[str, float], list[EpisodeResult]]:
     """Metrics (success_rate, mean turns, mean return per agent) over ``problems`` evaluation problems
     (seeds 0..problems-1 of the eval split: the same set for every run, so runs are comparable)."""
     gen = torch.Generator().manual_seed(seed)
     episodes: list[EpisodeResult] = []
     for start in range(0, problems, EVAL_BATCH):
         envs = [make_env("eval", s) for s in range(start, min(problems, start + EVAL_BATCH))]
-        _, eps = tree_rollout(envs, policies, agent_to_policy, 1, temperature, max_new_tokens, alpha, gen)
+        _, eps = tree_rollout(envs, policies, agent_to_policy, 1, temperature, max_new_tokens, alpha, gen,
+                              per_agent=per_agent)
         episodes.extend(eps)
     n = max(1, len(episodes))
     metrics = {"success_rate": sum(e.success for e in episodes) / n,

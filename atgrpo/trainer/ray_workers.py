@@ -78,6 +78,9 @@ class RemotePolicy:
     def encode(self, text: str) -> list[int]:
         return self.local.encode(text)
 
+    def decode(self, ids) -> str:  # rollout.per_agent.<role>.stop cuts responses with the driver's tokenizer
+        return self.local.decode(ids)
+
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator=None):
         if not prompt_ids:

@@ -73,7 +73,12 @@ def build_state(cfg: Config) -> TrainState:
 def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
     cfg = state.cfg
     return evaluate(state.make_env, state.policies, state.agent_map, cfg.eval.problems, cfg.eval.temperature,
-                    cfg.rollout.max_new_tokens, cfg.algo.alpha, seed)
+                    cfg.rollout.max_new_tokens, cfg.algo.alpha, seed, per_agent=eval_per_agent(cfg))
+
+
+def eval_per_agent(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The roles' own max_new_tokens and stop strings for evaluation (which samples at eval.temperature)."""
+    return {role: {k: v for k, v in spec.items() if k != "temperature"} for role, spec in cfg.rollout.per_agent.items()}
 
 
 def check_model_path(cfg: Config) -> None:

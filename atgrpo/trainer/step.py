@@ -70,7 +70,8 @@ def rollout(state: TrainState, step: int) -> tuple[list[Sample], list[EpisodeRes
     envs = [state.make_env("train", problem_seed(cfg.seed, step, i, P)) for i in range(P)]
     run = tree_rollout if cfg.rollout.mode == "tree" else trajectory_rollout
     return run(envs, state.backend.rollout_policies(state), state.agent_map, cfg.rollout.K, cfg.rollout.temperature,
-               cfg.rollout.max_new_tokens, cfg.algo.alpha, state.generator, step_envs=state.backend.step_envs)
+               cfg.rollout.max_new_tokens, cfg.algo.alpha, state.generator, step_envs=state.backend.step_envs,
+               per_agent=cfg.rollout.per_agent)
 
 
 def assign_advantages(cfg: Config, samples: list[Sample]) -> dict[str, float]:

@@ -53,12 +53,21 @@ def split_minibatches(samples: list[Sample], n: int, generator: torch.Generator)
 
 def micro_batches(mb: list[Sample], algo: AlgoConfig) -> list[list[Sample]]:
     """The forward/backward passes of one mini-batch: with ``algo.shared_prefix``, whole prompt groups packed
-    under ``algo.update_token_budget`` padded tokens (and ``micro_batch_size`` sequences); else plain slices."""
-    if not algo.shared_prefix:
-        return [mb[i:i + algo.micro_batch_size] for i in range(0, len(mb), algo.micro_batch_size)]
-    plan = plan_chunks([s.prompt_ids for s in mb], [s.response_ids for s in mb], algo.update_token_budget,
-                       algo.micro_batch_size)
-    return [[mb[i] for i in chunk] for chunk in plan]
+    under ``algo.update_token_budget`` padded tokens (and ``micro_batch_size`` sequences); else plain slices.
+    Samples drawn at different temperatures (``rollout.per_agent``) go to different micro-batches, each scored
+    at its own temperature; the mini-batch's loss and gradient are the same sum."""
+    by_temp: dict[float | None, list[Sample]] = {}
+    for s in mb:
+        by_temp.setdefault(s.temperature, []).append(s)
+    out: list[list[Sample]] = []
+    for part in by_temp.values():
+        if not algo.shared_prefix:
+            out += [part[i:i + algo.micro_batch_size] for i in range(0, len(part), algo.micro_batch_size)]
+            continue
+        plan = plan_chunks([s.prompt_ids for s in part], [s.response_ids for s in part], algo.update_token_budget,
+                           algo.micro_batch_size)
+        out += [[part[i] for i in chunk] for chunk in plan]
+    return out
 
 
 def score(policy: CausalLMPolicy, micro: list[Sample], temperature: float, algo: AlgoConfig):
@@ -70,7 +79,10 @@ def score(policy: CausalLMPolicy, micro: list[Sample], temperature: float, algo:
 def backward_micro_batch(policy: CausalLMPolicy, micro: list[Sample], normalizer: float, algo: AlgoConfig,
                          temperature: float, reference: CausalLMPolicy | None = None) -> tuple[float, LossStats]:
     """Score one micro-batch, compute its share of the mini-batch loss (``normalizer``: the whole mini-batch's
-    token or sequence count) and accumulate its gradients. Shared by the local and the data-parallel update."""
+    token or sequence count) and accumulate its gradients. Shared by the local and the data-parallel update.
+    ``temperature`` applies to samples that do not record their own (``Sample.temperature``)."""
+    if micro and micro[0].temperature is not None:
+        temperature = micro[0].temperature  # micro_batches keeps one sampling temperature per micro-batch
     logp, mask = score(policy, micro, temperature, algo)
     old = torch.zeros_like(logp)
     for i, s in enumerate(micro):

@@ -16,7 +16,7 @@ import shutil
 import time
 from typing import Any
 
-from ..config import Config
+from ..config import Config, max_new_tokens_any
 from ..rollout.records import Sample
 from ..rollout.vllm_engine import EnginePolicy, LogprobGap, VLLMEngine, lora_rank_limit, shm_dir
 from .step import LocalBackend, TrainState
@@ -29,7 +29,7 @@ class VLLMBackend(LocalBackend):
         self.cfg, self.gap = cfg, LogprobGap()
         model_dir = resolve_model_dir(cfg.model)
         v = cfg.rollout.vllm
-        max_len = v.max_model_len or cfg.model.max_prompt_tokens + cfg.rollout.max_new_tokens
+        max_len = v.max_model_len or cfg.model.max_prompt_tokens + max_new_tokens_any(cfg)  # longest role's
         kw = dict(vcfg=v, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=max_len)
         pids = sorted(state.policies)
         self.lora = cfg.policy.sharing == "L2"
