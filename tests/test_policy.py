@@ -1,6 +1,6 @@
 """Policies (atgrpo/policies): byte tokenizer, tiny model, batched sampling and response log-probs.
 
-The central property (REFERENCE section 7, mistake 4): the log-probs stored at sampling time are those of the
+The central property (docs/method.md, pitfall 4): the log-probs stored at sampling time are those of the
 distribution that was sampled, softmax(logits / T), and equal what the loss recomputes.
 """
 

@@ -1,6 +1,6 @@
 """The AT-GRPO tree sampler and the trajectory runner (atgrpo/rollout/tree.py) on Plan-Path.
 
-Checked against REFERENCE section 2 and section 7 mistake 1: the K candidates of a node share one pre-state and
+Checked against the method and pitfall 1 of docs/method.md: the K candidates of a node share one pre-state and
 prompt, each is stepped on its own copy, their rewards differ when their actions differ, the best is kept
 (ties: lowest branch), and the kept state is what the next node sees. Both a scripted stand-in policy (to
 control the actions) and real tiny policies are used.
@@ -140,7 +140,7 @@ def test_tree_scripted_candidates(alpha):
 
 
 def test_plan_agent_rewards_differ_and_are_not_copies_of_tool_best():
-    """REFERENCE mistake 1: agent 2's K samples scored on a copy of agent 1's best branch get identical rewards."""
+    """Pitfall 1 (docs/method.md): agent 2's K samples scored on a copy of agent 1's best branch get identical rewards."""
     envs = _envs([0, 1, 2])
     tool = ScriptedPolicy("tool", ["zz", "RRDD", "D", "zz", "R"])
     plan = ScriptedPolicy("plan", ["R", "L", "U", "D", "zz"])

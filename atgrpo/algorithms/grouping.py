@@ -2,7 +2,7 @@
 
 AT-GRPO groups by ``(problem, turn, agent)``: the K candidates of one tree node, which all saw the identical
 prompt. The alternatives exist as baselines and ablations. Keys are explicit tuples, never integer arithmetic
-on indices (REFERENCE section 7, mistake 2), and group sizes are checked.
+on indices (docs/method.md, pitfall 2), and group sizes are checked.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The PPO clipped surrogate with GRPO advantages, and the optional KL penalty. Pure functions on tensors.
 
 Per token: ratio = exp(logp - old_logp); loss = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A).
-Aggregation (REFERENCE section 2 uses token-mean):
+Aggregation (the paper uses token-mean):
 - ``token-mean``: sum of token losses / number of response tokens in the *whole* mini-batch;
 - ``seq-mean``: mean over tokens within each sequence, then sum / number of sequences in the mini-batch.
 The normaliser is passed in, so gradient accumulation over micro-batches gives the same gradient as one

@@ -1,6 +1,6 @@
 """``atgrpo bench learning``: the paper's results table in miniature, on tiny policies and CPU.
 
-Rows are the methods of REFERENCE section 6 plus the grouping ablation; columns are Plan-Path, Sokoban and
+Rows are the methods of the paper's results table plus the grouping ablation; columns are Plan-Path, Sokoban and
 Sudoku; each cell is the held-out greedy success rate, mean and std over seeds. Every RL method gets the same
 budget: the same K, steps and warm start, and about the same number of sampled responses (the single agent gets
 twice the problems per step, since the team acts twice per turn). The no-RL rows are the *before-RL* evaluation of

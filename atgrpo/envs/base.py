@@ -24,7 +24,7 @@ Messages = list[dict[str, str]]
 
 @dataclass(frozen=True)
 class Reward:
-    """The two reward terms of one agent step (REFERENCE section 2): shared team outcome and role-local score."""
+    """The two reward terms of one agent step (docs/method.md): shared team outcome and role-local score."""
 
     team: float
     local: float

@@ -2,7 +2,7 @@
 
 Sampling is plain temperature sampling, nothing else (no top-p, top-k or repetition penalty), so the
 log-probabilities stored at sampling time and those the loss computes come from the same distribution
-``softmax(logits / T)`` (REFERENCE section 7, mistake 4). ``temperature=0`` means greedy decoding (eval).
+``softmax(logits / T)`` (docs/method.md, pitfall 4). ``temperature=0`` means greedy decoding (eval).
 
 Generation prefills each distinct prompt once; its ``n`` branches then decode with cascade attention
 (``cascade.py``: the prompt's keys/values stay one copy, read once per step for all its branches) or, on

@@ -6,8 +6,8 @@ Every role gets its own ``CausalLMPolicy`` whose ``model`` is an ``AdapterView``
   role (generation, ``response_logprobs``, shared-prefix scoring, the warm start, a direct ``policy.model(...)``)
   uses that adapter whatever another role ran last: no caller has to remember to switch;
 - its ``parameters()`` and ``state_dict()`` are that adapter's alone, so the role's optimizer, gradient clipping
-  and checkpoints hold only its adapter: a role's samples can only update its own adapter (REFERENCE section 7,
-  mistake 9); the base weights are frozen (``requires_grad=False``).
+  and checkpoints hold only its adapter: a role's samples can only update its own adapter (docs/method.md,
+  pitfall 9); the base weights are frozen (``requires_grad=False``).
 
 Roles share one model and switch adapters, so two roles must not run a forward at the same time (no threads).
 ``save_pretrained`` writes the adapter in peft's format (``PeftModel.from_pretrained(base, dir)`` loads it) and,

@@ -1,4 +1,4 @@
-"""The AT-GRPO tree sampler (REFERENCE section 2), and the plain multi-episode runner built on the same loop.
+"""The AT-GRPO tree sampler (docs/method.md), and the plain multi-episode runner built on the same loop.
 
 For each problem, each turn, each agent in turn order: sample K candidates from the acting agent's policy,
 all from the identical pre-state and prompt; step each candidate on its *own clone* of the environment and

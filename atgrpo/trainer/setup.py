@@ -1,6 +1,6 @@
 """Building what a run needs from the config: the agent -> policy map, the policies, the environments.
 
-Routing and grouping are separate (REFERENCE section 2): the agent -> policy map decides which policy acts
+Routing and grouping are separate (docs/method.md): the agent -> policy map decides which policy acts
 for (and is updated on the samples of) each agent; the group key never contains the policy id.
 
 Policies: ``model.kind=tiny`` (the built-in tiny model, byte tokenizer) or ``hf`` (any local Hugging Face causal

@@ -1,4 +1,4 @@
-"""One policy's update on its own fresh samples: one PPO epoch split into mini-batches (REFERENCE section 2).
+"""One policy's update on its own fresh samples: one PPO epoch split into mini-batches (docs/method.md).
 
 Old log-probs are the ones recorded at sampling time (same model, same temperature: the ratio starts at 1 up
 to float noise). Gradient accumulation over micro-batches uses the mini-batch's total token (or sequence)
