@@ -83,6 +83,20 @@ def cmd_eval(args) -> int:
     target, overrides = _split_args(args.items)
     if target is None:
         raise ConfigError("atgrpo eval needs a run directory or a config file")
+    if args.benchmarks is not None:
+        from .trainer.benchmarks import BenchmarkError, evaluate_benchmarks
+
+        try:
+            _, table, out = evaluate_benchmarks(target, args.benchmarks.split(","), overrides, args.n, args.k,
+                                                args.temperature, args.problems, args.out, progress=not args.quiet)
+        except BenchmarkError as e:
+            raise ConfigError(str(e)) from None
+        print(table)
+        print(f"written: {out}/results.md, {out}/results.json, {out}/<benchmark>.json, "
+              f"{out}/<benchmark>.transcripts.jsonl")
+        return 0
+    if any(v is not None for v in (args.k, args.temperature, args.problems, args.out)) or args.n != 1:
+        raise ConfigError("--n, --k, --temperature, --problems and --out go with --benchmarks")
     from .trainer.run import evaluate_target
 
     metrics = evaluate_target(target, overrides, progress=not args.quiet)
@@ -154,8 +168,20 @@ def _main(argv: list[str], debug: bool) -> int:
                         "may be given, to extend it)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_train)
-    p = sub.add_parser("eval", help="evaluate a run directory or a config on held-out problems (greedy)")
+    p = sub.add_parser("eval", help="evaluate a run directory or a config on held-out problems (greedy), or on "
+                                    "several benchmarks with pass@k (--benchmarks)")
     p.add_argument("items", nargs="+", help="RUN_DIR or CONFIG.yaml, then dotted.key=value overrides")
+    p.add_argument("--benchmarks", metavar="A,B,...",
+                   help="evaluation sets: run (the run's own env), humaneval, code-generated, math-arithmetic, "
+                        "math-gsm, plan_path, sokoban, sudoku, or local files code:PATH.jsonl / math:PATH.jsonl; "
+                        "writes RUN_DIR/eval/ (results.md, results.json, per-benchmark JSON and transcripts)")
+    p.add_argument("--n", type=int, default=1, help="--benchmarks: samples per problem (default 1)")
+    p.add_argument("--k", metavar="K1,K2", help="--benchmarks: pass@k for these k <= n (default 1)")
+    p.add_argument("--temperature", type=float,
+                   help="--benchmarks: sampling temperature (default eval.temperature: 0, greedy; n > 1 needs > 0)")
+    p.add_argument("--problems", type=int, help="--benchmarks: problems per benchmark (default eval.problems; "
+                                                "a fixed set such as HumanEval: at most its size)")
+    p.add_argument("--out", help="--benchmarks: output directory (default RUN_DIR/eval, or eval_out/ for a config)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("envs", help="list the registered environments")

@@ -333,6 +333,14 @@ def load_policies(state: TrainState, path: str) -> None:
 def evaluate_target(target: str, overrides: list[str], progress: bool = True) -> dict[str, Any]:
     """``atgrpo eval``: a run directory (its config and final checkpoint) or a config file (fresh policies,
     warm-started if the config says so: the no-RL baselines)."""
+    cfg, state = load_eval_state(target, overrides, progress)
+    metrics, _ = run_eval(state, cfg.seed)
+    return {"target": target, "env": cfg.env.name, "sharing": cfg.policy.sharing, **metrics}
+
+
+def load_eval_state(target: str, overrides: list[str], progress: bool = True) -> tuple[Config, TrainState]:
+    """The config and the policies to evaluate: a run directory's final checkpoint, or a config's fresh
+    policies (warm-started if it says so)."""
     if os.path.isdir(target):
         cfg_path = os.path.join(target, "config.yaml")
         if not os.path.exists(cfg_path):
@@ -349,5 +357,4 @@ def evaluate_target(target: str, overrides: list[str], progress: bool = True) ->
             warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
     else:
         raise ConfigError(f"{target!r} is neither a run directory nor a config file")
-    metrics, _ = run_eval(state, cfg.seed)
-    return {"target": target, "env": cfg.env.name, "sharing": cfg.policy.sharing, **metrics}
+    return cfg, state

@@ -1,0 +1,143 @@
+"""atgrpo eval --benchmarks: pass@k from n samples (the unbiased estimator), checked against hand-computed values
+on a scripted policy; the CLI writes the table, the per-benchmark JSON and transcripts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from atgrpo.cli import main
+from atgrpo.envs import make
+from atgrpo.policies import ByteTokenizer, Completion
+from atgrpo.policies.tokenizer import EOS
+from atgrpo.trainer.benchmarks import pass_at_k, run_benchmark
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (4, 0, 1, 0.0), (4, 1, 1, 0.25), (4, 1, 2, 0.5), (4, 3, 2, 1.0), (5, 2, 3, 0.9), (10, 3, 5, 1 - 21 / 252),
+    (1, 1, 1, 1.0), (20, 1, 20, 1.0),
+])
+def test_pass_at_k_by_hand(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+    product = 1 - math.prod(1 - k / i for i in range(n - c + 1, n + 1))  # the numerically stable form
+    assert pass_at_k(n, c, k) == pytest.approx(product, abs=1e-12)
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)
+
+
+class ScriptedPolicy:
+    """Answers the plan agent of problem i with the expert path on the samples listed in ``wins[i]`` (sample j of
+    a problem is the j-th copy of its prompt in a generate call) and with nothing otherwise; the tool says
+    nothing. A stand-in for a model, so that the number of correct samples per problem is known."""
+
+    policy_id = "shared"
+
+    def __init__(self, plan_prompts: dict[str, tuple[int, str]], wins: dict[int, set[int]]):
+        self.tok, self.plan_prompts, self.wins = ByteTokenizer(), plan_prompts, wins
+
+    def render(self, prompt):
+        return prompt
+
+    def encode(self, text):
+        return self.tok.encode(text, add_bos=True)
+
+    def decode(self, ids):
+        return self.tok.decode(ids)
+
+    def generate(self, prompt_ids, n, temperature, max_new_tokens, generator=None):
+        seen: dict[str, int] = {}
+        out = []
+        for p in prompt_ids:
+            text = self.tok.decode(p)
+            j = seen[text] = seen.get(text, -1) + 1
+            answer = ""
+            if text in self.plan_prompts:
+                i, expert = self.plan_prompts[text]
+                answer = expert if j in self.wins[i] else ""
+            ids = self.tok.encode(answer) + [EOS]
+            out.append([Completion(ids, [-0.5] * len(ids), answer, True) for _ in range(n)])
+        return out
+
+
+def test_pass_at_k_on_a_scripted_policy_equals_the_hand_computed_value():
+    kw = dict(size=5, wall_prob=0.2, max_turns=1)
+    make_env = lambda split, seed: _reset(make("plan_path", split=split, **kw), seed)  # noqa: E731
+    plan_prompts = {}
+    for i in range(3):
+        env = make_env("eval", i)
+        env.step("")  # the tool says nothing
+        plan_prompts[env.observe()] = (i, env.expert_action("plan"))
+        env.step(env.expert_action("plan"))
+        assert env.success  # the expert path solves it in the one turn
+    wins = {0: set(), 1: {2}, 2: {0, 1, 3}}  # c = 0, 1, 3 correct of n = 4
+    policy = ScriptedPolicy(plan_prompts, wins)
+    metrics, records = run_benchmark(make_env, {"shared": policy}, {"tool": "shared", "plan": "shared"}, 3, 4,
+                                     [1, 2, 4], 1.0, 8, 1.0)
+    # by hand: pass@1 = (0 + 1/4 + 3/4) / 3; pass@2 = (0 + (1 - C(3,2)/C(4,2)) + 1) / 3 = (0 + 1/2 + 1) / 3;
+    # pass@4 = (0 + 1 + 1) / 3
+    assert metrics["pass@1"] == pytest.approx(1 / 3)
+    assert metrics["pass@2"] == pytest.approx(0.5)
+    assert metrics["pass@4"] == pytest.approx(2 / 3)
+    assert metrics["success_rate"] == pytest.approx(4 / 12) and metrics["problems"] == 3.0
+    assert [(r["seed"], r["sample"], r["success"]) for r in records] == [
+        (i, j, j in wins[i]) for i in range(3) for j in range(4)]
+
+
+def _reset(env, seed):
+    env.reset(seed)
+    return env
+
+
+def test_cli_eval_of_several_benchmarks_writes_the_table_and_transcripts(tmp_path, fast_overrides, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *fast_overrides, "warmstart.enabled=false", "train.steps=1", "eval.problems=2",
+                 "--out", str(run), "--quiet"]) == 0
+    problems = tmp_path / "sums.jsonl"
+    problems.write_text("".join(json.dumps({"problem": f"What is {a} + {a}?", "answer": str(2 * a)}) + "\n"
+                                for a in range(2)))
+    capsys.readouterr()
+    code = main(["eval", str(run), "env.kwargs.size=4", "--benchmarks", f"run,sudoku,math:{problems}", "--n", "2",
+                 "--k", "1,2", "--temperature", "1.0", "--problems", "3", "--quiet"])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert code == 0, captured.err
+    assert "| benchmark | env | problems | n | pass@1 | pass@2 | success |" in printed
+    out = run / "eval"
+    results = json.loads((out / "results.json").read_text())
+    assert list(results) == ["run", "sudoku", "math-sums"]
+    assert results["math-sums"]["metrics"]["problems"] == 2.0  # a 2-record file: each record once
+    assert results["run"]["env_kwargs"]["size"] == 4 and results["sudoku"]["env"] == "sudoku"
+    for name, r in results.items():
+        m = r["metrics"]
+        assert 0 <= m["pass@1"] <= m["pass@2"] <= 1 and m["samples"] == 2 * m["problems"]
+        assert json.loads((out / f"{name}.json").read_text()) == r
+        rows = [json.loads(x) for x in (out / f"{name}.transcripts.jsonl").read_text().splitlines()]
+        assert len(rows) == m["samples"] and rows[0]["transcript"] and {"problem", "sample", "success"} <= set(rows[0])
+        c = {}
+        for row in rows:
+            c[row["seed"]] = c.get(row["seed"], 0) + row["success"]
+        assert m["pass@2"] == pytest.approx(sum(pass_at_k(2, x, 2) for x in c.values()) / len(c))
+    assert (out / "results.md").read_text().count("\n| ") == 4  # header + 3 rows
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--benchmarks", "nope"], "unknown benchmark 'nope'; choose from: run, humaneval"),
+    (["--benchmarks", "run", "--n", "2"], "--n 2 samples at temperature 0 are identical"),
+    (["--benchmarks", "run", "--n", "2", "--k", "3", "--temperature", "1"], "every k must be in 1..n"),
+    (["--benchmarks", "math:/no/such.jsonl"], "no file '/no/such.jsonl'"),
+    (["--n", "2"], "go with --benchmarks"),
+])
+def test_cli_eval_bad_benchmark_settings_are_one_line(tmp_path, args, message, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("warmstart: {enabled: false}\nmodel: {tiny: {hidden_size: 32, num_layers: 1, num_heads: 2, "
+                   "intermediate_size: 64}}\n")
+    assert main(["eval", str(cfg), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
