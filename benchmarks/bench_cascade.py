@@ -1,4 +1,4 @@
-"""Cascade attention vs K expanded copies of each prompt's keys/values, side by side, at the issue's shape (8
+"""Cascade attention vs K expanded copies of each prompt's keys/values, side by side, at the tiny preset's shape (8
 prompts of 200 tokens, K = 8, 16 new tokens, EOS suppressed), the same policy and seed, repetitions interleaved:
 
 - sampling: ``generate`` with the cascade cache vs the reserved expanded cache (checks both sample the same

