@@ -176,6 +176,21 @@ class TrainerConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Where metrics go besides metrics.jsonl (the same names everywhere); the resolved config is logged as the
+    run's parameters. wandb and mlflow are extras: pip install -e '.[wandb]' / '.[mlflow]'."""
+
+    backends: list[str] = field(default_factory=lambda: ["tensorboard"])  # any of: tensorboard, wandb, mlflow
+    project: str = "atgrpo"  # the wandb project and the mlflow experiment
+    run_name: str | None = None  # null: the run directory's name
+    wandb_mode: str = "offline"  # offline (files in RUN_DIR/wandb, `wandb sync` later) | online (needs a login)
+    mlflow_tracking_uri: str | None = None  # null: a file store in the run directory, file:RUN_DIR/mlruns
+
+
+LOGGING_BACKENDS = ("tensorboard", "wandb", "mlflow")
+
+
+@dataclass
 class Config:
     seed: int = 0
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -187,6 +202,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -426,12 +442,27 @@ def validate(cfg: Config, training: bool = True) -> None:
         raise ConfigError("rollout.K=1 puts one sample in every group, so every advantage is 0 and nothing is "
                           "learned; use rollout.K >= 2 (K=1 only for evaluation: train.steps=0, or atgrpo eval)")
     n_policies = _validate_env(cfg)
+    _validate_logging(cfg.logging)
     _choice("trainer.backend", cfg.trainer.backend, BACKENDS)
     _validate_ray(cfg.trainer.ray)
     if cfg.trainer.backend == "ray":
         _validate_ray_fit(cfg.trainer.ray, n_policies)
     if cfg.rollout.engine == "vllm":
         _validate_vllm(cfg)
+
+
+def _validate_logging(lg: LoggingConfig) -> None:
+    """Known backends, each installed (found without importing it), and a wandb mode."""
+    import importlib.util
+
+    for i, b in enumerate(lg.backends):
+        _choice(f"logging.backends[{i}]", b, LOGGING_BACKENDS)
+        if b != "tensorboard" and importlib.util.find_spec(b) is None:
+            raise ConfigError(f"logging.backends has {b}, which is not installed here: pip install -e '.[{b}]' "
+                              f"(or drop it from logging.backends)")
+    _choice("logging.wandb_mode", lg.wandb_mode, ("offline", "online"))
+    if not lg.project:
+        raise ConfigError("logging.project must be a non-empty name (the wandb project, the mlflow experiment)")
 
 
 def _validate_vllm(cfg: Config) -> None:

@@ -199,10 +199,12 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
             summary["warmstart"] = prog["warmstart"]
         nonfinite = int(prog.get("nonfinite", 0))
         summary["resumed_from_step"] = ckpt.step
-        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=rows, purge_step=ckpt.step + 1)
+        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=rows, purge_step=ckpt.step + 1,
+                               logging=cfg.logging, params=cfg.to_dict())
         say(f"resumed from {ckpt.path} (step {ckpt.step} of {cfg.train.steps})")
     else:
-        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None)
+        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None,
+                               logging=cfg.logging, params=cfg.to_dict())
         if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
             t = time.time()
             losses = warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
