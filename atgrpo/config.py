@@ -125,7 +125,7 @@ class AlgoConfig:
 class WarmStartConfig:
     enabled: bool = True
     episodes: int = 350  # scripted episodes on training problems
-    noise: float = 0.3  # probability that each expert move is replaced by a random move
+    noise: float = 0.3  # expert corruption: each answer character replaced (typed answers), or one bug (programs)
     epochs: int = 2
     lr: float = 1e-3
     batch_size: int = 64  # demonstrations per optimizer step
