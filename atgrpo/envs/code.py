@@ -38,7 +38,7 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
-from .code_data import DATASETS, Problem, generated_problem, humaneval_problems, load_jsonl
+from .code_data import DATASETS, Problem, generated_problem, humaneval_problems, load_files, load_jsonl
 from .code_exec import MAX_TESTS, Test, describe_failure, format_tests, outputs_match, parse_tests, passed, syntax_error
 from .programs import extract_code, run_jobs
 
@@ -60,10 +60,14 @@ class CodeEnv(MultiAgentEnv):
 
     def __init__(self, dataset: str = "generated", max_turns: int = 3, style: str = "chat", split: str = "train",
                  roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
-                 parallel: bool = True, cache: bool = True):
+                 parallel: bool = True, cache: bool = True, data_files: str | list[str] | None = None,
+                 eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None):
         """``timeout``: seconds per program run (hidden test, tester case, reference); ``data_path``: the file of
         ``dataset="jsonl"``; ``parallel``: run the cases of one step on the shared sandbox pool (else one by
-        one); ``cache``: reuse results of (program, input) pairs already run."""
+        one); ``cache``: reuse results of (program, input) pairs already run. ``dataset="files"``: problems from
+        ``data_files`` (JSON, JSONL, Parquet or CSV, read with ``datasets``; ``eval_data_files`` for the
+        evaluation split, else the same files), columns question, inputs, outputs, solution renamed by
+        ``columns`` ({field: column})."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown code dataset {dataset!r}; valid: {', '.join(DATASETS)}")
@@ -73,14 +77,21 @@ class CodeEnv(MultiAgentEnv):
             raise ValueError(f"code timeout must be > 0 seconds, got {timeout}")
         if (data_path is not None) != (dataset == "jsonl"):
             raise ValueError("data_path is needed for dataset='jsonl' and only there")
+        if (data_files is not None) != (dataset == "files"):
+            raise ValueError("data_files is needed for dataset='files' and only there")
+        if (eval_data_files is not None or columns is not None) and dataset != "files":
+            raise ValueError("eval_data_files and columns go with dataset='files'")
         self.dataset, self.split, self.timeout = dataset, split, float(timeout)
         self.parallel, self.cache = parallel, cache
         self._problems: tuple[Problem, ...] = ()
-        if dataset == "jsonl":
-            self._problems = load_jsonl(data_path)  # type: ignore[arg-type]
+        if dataset in ("jsonl", "files"):
+            source = data_path if dataset == "jsonl" else (eval_data_files if split == "eval" and eval_data_files
+                                                           else data_files)
+            self._problems = (load_jsonl(data_path) if dataset == "jsonl"  # type: ignore[arg-type]
+                              else load_files(source, columns))
             missing = sum(p.reference is None for p in self._problems)
             if "tester" in self.agents and missing:
-                raise ValueError(f"{data_path}: {missing} of {len(self._problems)} records have no 'solution'; the "
+                raise ValueError(f"{source}: {missing} of {len(self._problems)} records have no 'solution'; the "
                                  "tester's reward needs a reference solution: add them, drop those records, or "
                                  "use roles=('coder',)")
         elif dataset == "humaneval":

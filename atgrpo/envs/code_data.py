@@ -39,7 +39,7 @@ from typing import Any, Callable
 from . import splits
 from .code_templates import TEMPLATES
 
-DATASETS = ("generated", "humaneval", "jsonl")
+DATASETS = ("generated", "humaneval", "jsonl", "files")
 HIDDEN_TESTS = 8  # per generated problem
 TESTER_TESTS = 3  # valid cases given to the scripted tester
 JSONL_LAYOUT = ('one JSON object per line: {"question": str, "inputs": [str, ...], "outputs": [str, ...], '
@@ -211,6 +211,10 @@ def _record(raw: str, path: str, lineno: int) -> Problem:
         raise ValueError(f"{where}: not valid JSON ({e}); expected {JSONL_LAYOUT}") from None
     if not isinstance(r, dict):
         raise ValueError(f"{where}: expected a JSON object; layout: {JSONL_LAYOUT}")
+    return _problem(r, where, f"{os.path.basename(path)}:{lineno}")
+
+
+def _problem(r: dict[str, Any], where: str, pid: str) -> Problem:
     q, ins, outs, sol = r.get("question"), r.get("inputs"), r.get("outputs"), r.get("solution")
     ok = (isinstance(q, str) and isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) > 0
           and all(isinstance(x, str) for x in ins + outs) and (sol is None or isinstance(sol, str)))
@@ -218,8 +222,24 @@ def _record(raw: str, path: str, lineno: int) -> Problem:
         raise ValueError(f"{where}: bad record (keys {sorted(r)}); expected {JSONL_LAYOUT}, with as many "
                          "outputs as inputs (at least one)")
     tests = tuple(zip(ins, outs))
-    return Problem(pid=f"{os.path.basename(path)}:{lineno}", statement=q, tests=tests, reference=sol,
-                   tester_tests=tests[:TESTER_TESTS])
+    return Problem(pid=pid, statement=q, tests=tests, reference=sol, tester_tests=tests[:TESTER_TESTS])
+
+
+def load_files(data_files, columns: dict[str, str] | None = None) -> tuple[Problem, ...]:
+    """Problems of local JSON / JSONL / Parquet / CSV files read with ``datasets`` (``data_files.py``): columns
+    question, inputs, outputs and optionally solution (renamed by ``columns``: field -> column). In CSV,
+    inputs and outputs are JSON-encoded lists."""
+    from .data_files import as_list, load_table, text_list
+
+    rows = load_table(data_files, ("question", "inputs", "outputs"), ("solution",), columns)
+    name = os.path.basename(as_list(data_files)[0])
+    out = []
+    for i, r in enumerate(rows):
+        where = f"{name} row {i}"
+        r = {**r, "inputs": text_list(r["inputs"], "inputs", where), "outputs": text_list(r["outputs"], "outputs",
+                                                                                      where)}
+        out.append(_problem(r, where, f"{name}:{i}"))
+    return tuple(out)
 
 
 def load_jsonl(path: str) -> tuple[Problem, ...]:

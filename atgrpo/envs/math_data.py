@@ -46,7 +46,7 @@ from typing import Any
 from . import splits
 
 GENERATED = {"arithmetic": "basic_arithmetic", "gsm": "gsm_symbolic"}  # our name -> reasoning-gym name
-DATASETS = (*GENERATED, "jsonl")
+DATASETS = (*GENERATED, "jsonl", "files")
 CHUNK_SIZE = 256
 NUM_CHUNKS = 1 << 16
 MAX_ANSWER_CHARS = 200
@@ -145,6 +145,24 @@ def draw_problem(dataset: str, seed: int, split: str, config: dict[str, Any] | N
 
 
 # ---- local JSONL files -----------------------------------------------------------------------------------------
+def load_files(data_files, columns: dict[str, str] | None = None) -> tuple[Problem, ...]:
+    """Problems of local JSON / JSONL / Parquet / CSV files read with ``datasets`` (``data_files.py``): columns
+    problem and answer (renamed by ``columns``: field -> column)."""
+    from .data_files import as_list, load_table
+
+    rows = load_table(data_files, ("problem", "answer"), (), columns)
+    name = os.path.basename(as_list(data_files)[0])
+    out = []
+    for i, r in enumerate(rows):
+        q, a = r["problem"], r["answer"]
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            a = str(a)
+        if not (isinstance(q, str) and q.strip() and isinstance(a, str) and a.strip()):
+            raise ValueError(f"{name} row {i}: needs a non-empty text 'problem' and 'answer' (got {q!r}, {a!r})")
+        out.append(Problem(q, a.strip(), f"files:{name}", str(i)))
+    return tuple(out)
+
+
 def load_jsonl(path: str) -> tuple[Problem, ...]:
     """All records of a JSONL file of {"problem", "answer"} records (cached until the file changes)."""
     if not os.path.isfile(path):

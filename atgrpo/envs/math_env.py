@@ -46,7 +46,7 @@ from typing import Any
 
 from .base import Messages, MultiAgentEnv, Reward
 from .math_data import (DATASETS, GENERATED, MAX_ANSWER_CHARS, Problem, draw_problem, equivalent, is_correct,
-                        last_boxed, load_jsonl, parse_answer)
+                        last_boxed, load_files, load_jsonl, parse_answer)
 from .programs import ProgramRun, program_info, run_program
 
 FORMAT_PENALTY = 0.1
@@ -78,9 +78,13 @@ class MathEnv(MultiAgentEnv):
 
     def __init__(self, dataset: str = "arithmetic", max_turns: int = 3, style: str = "chat", split: str = "train",
                  roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
-                 dataset_kwargs: dict[str, Any] | None = None):
+                 dataset_kwargs: dict[str, Any] | None = None, data_files: str | list[str] | None = None,
+                 eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None):
         """``dataset_kwargs``: passed to ``reasoning_gym.create_dataset`` (e.g. ``{"max_terms": 3,
-        "max_digits": 2}`` for arithmetic); ``data_path``: the JSONL file of ``dataset="jsonl"``."""
+        "max_digits": 2}`` for arithmetic); ``data_path``: the JSONL file of ``dataset="jsonl"``.
+        ``dataset="files"``: problems for training and evaluation from ``data_files`` (JSON, JSONL, Parquet or
+        CSV, read with ``datasets``; ``eval_data_files`` for the evaluation split, else the same files), columns
+        problem and answer renamed by ``columns`` ({field: column})."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown math dataset {dataset!r}; valid: {', '.join(DATASETS)}")
@@ -95,12 +99,19 @@ class MathEnv(MultiAgentEnv):
             self.records = load_jsonl(data_path)  # raises FileNotFoundError naming the path and the layout
         elif data_path:
             raise ValueError(f"data_path is only used with dataset='jsonl' (dataset={dataset!r})")
+        if (data_files is not None) != (dataset == "files"):
+            raise ValueError("data_files is needed for dataset='files' and only there")
+        if (eval_data_files is not None or columns is not None) and dataset != "files":
+            raise ValueError("eval_data_files and columns go with dataset='files'")
+        if dataset == "files":
+            self.records = load_files(eval_data_files if split == "eval" and eval_data_files else data_files,
+                                      columns)
 
     # ---- episode --------------------------------------------------------------------------------------
     def _reset(self, seed: int) -> None:
         if self.dataset in GENERATED:
             self.problem = draw_problem(self.dataset, seed, self.split, self.dataset_kwargs)
-        elif self.split != "eval":
+        elif self.dataset == "jsonl" and self.split != "eval":
             raise ValueError("math dataset='jsonl' holds evaluation problems only; use split='eval' "
                              "(train on 'arithmetic' or 'gsm')")
         else:
