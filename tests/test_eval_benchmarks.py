@@ -103,7 +103,10 @@ def test_cli_eval_of_several_benchmarks_writes_the_table_and_transcripts(tmp_pat
     problems.write_text("".join(json.dumps({"problem": f"What is {a} + {a}?", "answer": str(2 * a)}) + "\n"
                                 for a in range(2)))
     capsys.readouterr()
-    code = main(["eval", str(run), "env.kwargs.size=4", "--benchmarks", f"run,sudoku,math:{problems}", "--n", "2",
+    csv = tmp_path / "doubles.csv"
+    csv.write_text("problem,answer\nWhat is 3 + 3?,6\n")
+    code = main(["eval", str(run), "env.kwargs.size=4", "--benchmarks", f"run,sudoku,math:{problems},math:{csv}",
+                 "--n", "2",
                  "--k", "1,2", "--temperature", "1.0", "--problems", "3", "--quiet"])
     captured = capsys.readouterr()
     printed = captured.out
@@ -111,7 +114,9 @@ def test_cli_eval_of_several_benchmarks_writes_the_table_and_transcripts(tmp_pat
     assert "| benchmark | env | problems | n | pass@1 | pass@2 | success |" in printed
     out = run / "eval"
     results = json.loads((out / "results.json").read_text())
-    assert list(results) == ["run", "sudoku", "math-sums"]
+    assert list(results) == ["run", "sudoku", "math-sums", "math-doubles"]
+    assert results["math-doubles"]["env_kwargs"]["dataset"] == "files" and results["math-doubles"]["metrics"][
+        "problems"] == 1.0
     assert results["math-sums"]["metrics"]["problems"] == 2.0  # a 2-record file: each record once
     assert results["run"]["env_kwargs"]["size"] == 4 and results["sudoku"]["env"] == "sudoku"
     for name, r in results.items():
@@ -124,7 +129,7 @@ def test_cli_eval_of_several_benchmarks_writes_the_table_and_transcripts(tmp_pat
         for row in rows:
             c[row["seed"]] = c.get(row["seed"], 0) + row["success"]
         assert m["pass@2"] == pytest.approx(sum(pass_at_k(2, x, 2) for x in c.values()) / len(c))
-    assert (out / "results.md").read_text().count("\n| ") == 4  # header + 3 rows
+    assert (out / "results.md").read_text().count("\n| ") == 5  # header + 4 rows
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,7 +1,7 @@
 """``atgrpo eval RUN --benchmarks a,b,...``: several evaluation sets at once, pass@k from n samples per problem.
 
 A benchmark is an environment and its kwargs (``BENCHMARKS``), the run's own environment (``run``), or a local
-file of problems (``code:PATH`` / ``math:PATH``: JSONL records, ``docs/environments.md``). Every problem gets n
+file of problems (``code:PATH`` / ``math:PATH``: JSONL, JSON, Parquet or CSV, ``docs/environments.md``). Every problem gets n
 independent episodes (no tree) at ``temperature``; with c successes among them, the unbiased estimator of
 pass@k (Chen et al., 2021, "Evaluating Large Language Models Trained on Code") is
 ``1 - C(n - c, k) / C(n, k)``, averaged over the problems. With n = 1 at temperature 0 (the default), pass@1 is
@@ -61,9 +61,11 @@ def resolve(spec: str, run_env: tuple[str, dict[str, Any]]) -> tuple[str, str, d
         if not os.path.isfile(path):
             raise BenchmarkError(f"benchmark {spec!r}: no file {path!r}")
         stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.splitext(os.path.basename(path))[0])
-        return f"{env}-{stem}", env, {"dataset": "jsonl", "data_path": os.path.abspath(path)}
+        if path.lower().endswith(".jsonl"):  # the task's own JSONL reader (no extra needed)
+            return f"{env}-{stem}", env, {"dataset": "jsonl", "data_path": os.path.abspath(path)}
+        return f"{env}-{stem}", env, {"dataset": "files", "data_files": os.path.abspath(path)}  # json, parquet, csv
     raise BenchmarkError(f"unknown benchmark {spec!r}; choose from: run, {', '.join(BENCHMARKS)}, or a local file "
-                         f"as {' / '.join(e + ':PATH.jsonl' for e in FILE_ENVS)}")
+                         f"as {' / '.join(e + ':PATH' for e in FILE_ENVS)} (.jsonl, .json, .parquet, .csv)")
 
 
 def fixed_size(env) -> int | None:
