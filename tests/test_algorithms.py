@@ -162,9 +162,9 @@ def test_policy_loss_clipfrac_and_stats():
     loss, st = policy_loss(logp, old, adv, mask)
     # token losses: row0 [-1.2, -0.5, -1.0]; row1 [0.8, 1.5, (masked)]; clipped: row0 tok0, row1 tok0
     assert loss.item() == pytest.approx((-1.2 - 0.5 - 1.0 + 0.8 + 1.5) / 5, abs=1e-6)
-    assert st.clipfrac == 2 and st.tokens == 5
+    assert st.clipped_tokens == 2 and st.tokens == 5
     expected_kl = 0.5 * sum(math.log(r) ** 2 for r in [1.5, 0.5, 1.0, 0.5, 1.5])
-    assert st.approx_kl == pytest.approx(expected_kl, rel=1e-5)
+    assert st.kl_sum == pytest.approx(expected_kl, rel=1e-5)
 
 
 def test_aggregation_hand_example():
@@ -251,7 +251,7 @@ def test_gradient_accumulation_equals_full_batch(aggregation, kl_coef):
     full, st_full = policy_loss(logp_of(rows), old, adv, mask, normalizer=normalizer, **{**kw, "ref_logp": ref})
     (g_full,) = torch.autograd.grad(full, w)
     # some tokens really are clipped, so the test covers both branches of the min
-    assert 0 < st_full.clipfrac < st_full.tokens
+    assert 0 < st_full.clipped_tokens < st_full.tokens
 
     g_acc = torch.zeros_like(w)
     loss_acc = 0.0

@@ -68,7 +68,7 @@ def test_stored_and_recomputed_logprobs_agree_per_role(shared_prefix):
     norm = minibatch_normalizer(samples, algo)
     for m in micros:
         _, stats = backward_micro_batch(policy, m, norm, algo, temperature=1.0)
-        assert stats.clipfrac == 0.0 and abs(stats.approx_kl) < 1e-6 * max(1, stats.tokens)
+        assert stats.clipped_tokens == 0.0 and abs(stats.kl_sum) < 1e-6 * max(1, stats.tokens)
     # scored at the run-wide temperature instead (the mistake this guards against), the ratio is off at once
     logp, mask = policy.response_logprobs([s.prompt_ids for s in samples], [s.response_ids for s in samples], 1.0)
     old = torch.zeros_like(logp)
@@ -76,7 +76,7 @@ def test_stored_and_recomputed_logprobs_agree_per_role(shared_prefix):
         old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
     _, bad = policy_loss(logp.detach(), old, torch.ones(len(samples)), mask, clip_low=0.2, clip_high=0.2,
                          aggregation="token-mean", normalizer=float(mask.sum()))
-    assert bad.clipfrac > 0
+    assert bad.clipped_tokens > 0
 
 
 def test_stop_strings_cut_the_response_and_keep_its_logprobs():
@@ -112,7 +112,8 @@ def test_config_overrides_and_errors():
     assert cfg.rollout.per_agent == {"tool": {"temperature": 0.5}, "plan": {"max_new_tokens": 30, "stop": ["END"]}}
     assert max_new_tokens_any(cfg) == 30
     for item, message in [
-        ("rollout.per_agent.coder.temperature=0.5", "'coder' is not an agent of env 'plan_path' here (agents: tool, plan)"),
+        ("rollout.per_agent.coder.temperature=0.5",
+         "'coder' is not an agent of env 'plan_path' here (agents: tool, plan)"),
         ("rollout.per_agent.tool.top_p=0.9", "unknown config key 'rollout.per_agent.tool.top_p'"),
         ("rollout.per_agent.tool.temperature=0", "rollout.per_agent.tool.temperature=0.0 must be a finite number > 0"),
         ("rollout.per_agent.tool.max_new_tokens=0", "rollout.per_agent.tool.max_new_tokens=0 must be an integer >= 1"),

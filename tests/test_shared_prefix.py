@@ -67,7 +67,7 @@ def test_logp_loss_and_gradients_equal_per_sample(K, aggregation):
     assert got[0].shape == ref[0].shape and torch.equal(got[1], ref[1])
     torch.testing.assert_close(got[0], ref[0], atol=ATOL, rtol=0)
     torch.testing.assert_close(got[2], ref[2], atol=ATOL, rtol=0)
-    assert got[4].tokens == ref[4].tokens and got[4].clipfrac == pytest.approx(ref[4].clipfrac)
+    assert got[4].tokens == ref[4].tokens and got[4].clipped_tokens == pytest.approx(ref[4].clipped_tokens)
     for name, g in ref[3].items():
         torch.testing.assert_close(got[3][name], g, atol=ATOL, rtol=1e-4, msg=f"gradient of {name}")
     assert any(g.abs().max() > 0 for g in got[3].values())

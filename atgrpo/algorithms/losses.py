@@ -19,8 +19,11 @@ from .names import AGGREGATIONS, KL_ESTIMATORS  # noqa: F401 (the options, defin
 
 @dataclass
 class LossStats:
-    clipfrac: float  # fraction of response tokens whose ratio was clipped (sum, for the batch)
-    approx_kl: float  # mean of 0.5 * (logp - old_logp)^2 (sum)
+    """Sums over one batch's response tokens; a caller divides by ``tokens`` (over all its batches) to get the
+    clip fraction and the approximate KL it logs as ``clipfrac`` and ``approx_kl``."""
+
+    clipped_tokens: float  # response tokens whose ratio was clipped
+    kl_sum: float  # sum of 0.5 * (logp - old_logp)^2 over the response tokens
     tokens: int
 
 
@@ -73,6 +76,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     loss = aggregate(token_loss, mask, aggregation, normalizer)
     with torch.no_grad():
         m = mask.bool()
-        stats = LossStats(clipfrac=float(clipped[m].float().sum()),
-                          approx_kl=float((0.5 * (logp - old_logp)[m] ** 2).sum()), tokens=int(m.sum()))
+        stats = LossStats(clipped_tokens=float(clipped[m].float().sum()),
+                          kl_sum=float((0.5 * (logp - old_logp)[m] ** 2).sum()), tokens=int(m.sum()))
     return loss, stats

@@ -6,7 +6,7 @@ weights from the driver. Only parameters with ``requires_grad`` travel (``traina
 for L0/L1/L3, the role's adapter alone for per-role LoRA (L2); frozen weights are rebuilt identically from the
 config (the seeded tiny model, or the same local Hugging Face files).
 
-Update workers of one policy train data-parallel (``update.minibatch_update``, the loop of a local update too):
+Update workers of one policy train data-parallel (``update.epoch_update``, the loop of a local update too):
 every rank gets a shard of each mini-batch, scales its loss by the *global* mini-batch normaliser (tokens for
 token-mean, sequences for seq-mean), and one all-reduce per mini-batch sums the gradients together with the loss
 statistics; every rank then clips and steps identically. The driver splits mini-batches as a local update does
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from ..config import Config
 from ..rollout.records import Sample
 from .ray_backend import split_even
-from .update import UpdateStats, make_optimizer, minibatch_update
+from .update import UpdateStats, epoch_update, make_optimizer
 
 
 # ---- weights ------------------------------------------------------------------------------------------
@@ -182,6 +182,6 @@ class UpdateWorker:
                temperature: float) -> tuple[UpdateStats, int]:
         """Returns the update's statistics and the number of samples this rank trained on."""
         allreduce = (lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM)) if self.world > 1 else None
-        stats = minibatch_update(self.policy, self.optimizer, shards, normalizers, n_samples, self.cfg.algo,
+        stats = epoch_update(self.policy, self.optimizer, shards, normalizers, n_samples, self.cfg.algo,
                                  temperature, self.reference, allreduce)
         return stats, sum(len(s) for s in shards)

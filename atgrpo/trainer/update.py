@@ -114,15 +114,16 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
     if not samples:
         return UpdateStats()
     mbs = split_minibatches(samples, algo.minibatches, generator)
-    return minibatch_update(policy, optimizer, mbs, [minibatch_normalizer(mb, algo) for mb in mbs], len(samples),
+    return epoch_update(policy, optimizer, mbs, [minibatch_normalizer(mb, algo) for mb in mbs], len(samples),
                             algo, temperature, reference)
 
 
-def minibatch_update(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],
-                     normalizers: list[float], n_samples: int, algo: AlgoConfig, temperature: float,
-                     reference: CausalLMPolicy | None = None,
-                     allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
-    """This rank's part of one policy update: ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),
+def epoch_update(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],
+                 normalizers: list[float], n_samples: int, algo: AlgoConfig, temperature: float,
+                 reference: CausalLMPolicy | None = None,
+                 allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
+    """This rank's part of one policy update, a whole PPO epoch (one optimizer step per mini-batch):
+    ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),
     ``normalizers[m]`` that mini-batch's normaliser over all ranks; ``allreduce(t)`` sums ``t`` over the ranks
     in place (None: a single rank). Returns the statistics of the whole update (the same on every rank)."""
     stats = UpdateStats(samples=n_samples)
@@ -134,7 +135,7 @@ def minibatch_update(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, s
         local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
         for micro in (micro_batches(mb, algo) if mb else []):
             loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
-            local = [local[0] + loss_value, local[1] + ls.clipfrac, local[2] + ls.approx_kl, local[3] + ls.tokens]
+            local = [local[0] + loss_value, local[1] + ls.clipped_tokens, local[2] + ls.kl_sum, local[3] + ls.tokens]
         mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
         clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
