@@ -173,7 +173,8 @@ def _main(argv: list[str], debug: bool) -> int:
     p.add_argument("items", nargs="+", help="RUN_DIR or CONFIG.yaml, then dotted.key=value overrides")
     p.add_argument("--benchmarks", metavar="A,B,...",
                    help="evaluation sets: run (the run's own env), humaneval, code-generated, math-arithmetic, "
-                        "math-gsm, plan_path, sokoban, sudoku, or local files code:PATH / math:PATH (jsonl, json, parquet, csv); "
+                        "math-gsm, plan_path, sokoban, sudoku, or local files code:PATH / math:PATH (jsonl, json, "
+                        "parquet, csv); "
                         "writes RUN_DIR/eval/ (results.md, results.json, per-benchmark JSON and transcripts)")
     p.add_argument("--n", type=int, default=1, help="--benchmarks: samples per problem (default 1)")
     p.add_argument("--k", metavar="K1,K2", help="--benchmarks: pass@k for these k <= n (default 1)")

@@ -1,9 +1,9 @@
 """``atgrpo eval RUN --benchmarks a,b,...``: several evaluation sets at once, pass@k from n samples per problem.
 
 A benchmark is an environment and its kwargs (``BENCHMARKS``), the run's own environment (``run``), or a local
-file of problems (``code:PATH`` / ``math:PATH``: JSONL, JSON, Parquet or CSV, ``docs/environments.md``). Every problem gets n
-independent episodes (no tree) at ``temperature``; with c successes among them, the unbiased estimator of
-pass@k (Chen et al., 2021, "Evaluating Large Language Models Trained on Code") is
+file of problems (``code:PATH`` / ``math:PATH``: JSONL, JSON, Parquet or CSV, ``docs/environments.md``).
+Every problem gets n independent episodes (no tree) at ``temperature``; with c successes among them, the
+unbiased estimator of pass@k (Chen et al., 2021, "Evaluating Large Language Models Trained on Code") is
 ``1 - C(n - c, k) / C(n, k)``, averaged over the problems. With n = 1 at temperature 0 (the default), pass@1 is
 the greedy success rate of ``atgrpo eval``.
 
