@@ -104,3 +104,24 @@ def test_logging_settings_are_checked():
         load_config(None, ["logging.backends=[tensorboard, neptune]"])
     with pytest.raises(ConfigError, match="logging.wandb_mode='cloud' is not valid"):
         load_config(None, ["logging.wandb_mode=cloud"])
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_same_wandb_and_mlflow_runs(tmp_path, fast_overrides, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    args = [*fast_overrides, "warmstart.enabled=false", "eval.problems=2", "train.steps=1",
+            "logging.backends=[wandb, mlflow]"]
+    assert main(["train", *args, "--out", str(out), "--quiet"]) == 0
+    ids = json.loads((out / "logging_ids.json").read_text())
+    assert main(["train", "--resume", str(out), "train.steps=2", "--quiet"]) == 0
+    assert json.loads((out / "logging_ids.json").read_text()) == ids
+    assert len(glob.glob(str(out / "wandb" / "wandb" / f"offline-run-*-{ids['wandb']}"))) == 2  # one per process
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"file:{out}/mlruns")
+    assert [r.info.run_id for r in client.search_runs([client.get_run(ids["mlflow"]).info.experiment_id])] == [
+        ids["mlflow"]]
+    assert [m.step for m in client.get_metric_history(ids["mlflow"], "rollout/success_rate")] == [1, 2]
+    assert client.get_run(ids["mlflow"]).info.status == "FINISHED"
