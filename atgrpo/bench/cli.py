@@ -111,9 +111,13 @@ def run(args) -> int:
 
 
 def _run_engines(args) -> int:
+    import torch
+
     from ..config import VLLMConfig
     from .engines import bench_engines
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     bad = sorted(set(engines) - {"native", "vllm"})
     if bad or not engines:
