@@ -58,6 +58,17 @@ ROWS = [
     ("K=1 in tree mode", ["rollout.K=1"], 2, ["rollout.K=1", "nothing is learned", "train.steps=0"]),
     ("bad override value", ["algo.lr=[1"], 2, ["algo.lr=[1", "not valid YAML"]),
     ("negative threads", ["train.threads=-1"], 2, ["train.threads=-1"]),
+    ("user env module not found", ["env.name=no_such_pkg.envs:MyEnv"], 2,
+     ["env.name='no_such_pkg.envs:MyEnv'", "cannot import 'no_such_pkg.envs'", "PYTHONPATH"]),
+    ("unknown env name", ["env.name=nope"], 2, ["unknown environment 'nope'", "plan_path", "module:Class"]),
+    ("per-role sampling for a role the env lacks", ["rollout.per_agent.coder.max_new_tokens=64"], 2,
+     ["rollout.per_agent.coder", "not an agent of env 'plan_path'", "tool, plan"]),
+    ("unknown logging backend", ["logging.backends=[neptune]"], 2,
+     ["logging.backends[0]='neptune'", "tensorboard, wandb, mlflow"]),
+    ("problem file without the needed columns",
+     ["env.name=code", "env.style=compact", "env.kwargs.dataset=files", "env.kwargs.data_files={tmp}/problems.csv",
+      "env.kwargs.roles=[coder]"], 2,
+     ["missing columns 'inputs', 'outputs'", "the file has 'question', 'stdin', 'stdout'", "env.kwargs.columns"]),
     ("dump steps not integers", ["train.dump_rollouts=[1.5]"], 2, ["train.dump_rollouts[0]=1.5"]),
     ("two config files", ["{tmp}/list.yaml", "{tmp}/broken.yaml"], 2, ["broken.yaml", "one config file"]),
     ("resume a non-run", ["--resume", "{tmp}/adir"], 2, ["adir", "no config.yaml"]),
@@ -83,6 +94,8 @@ def _scratch(root: str) -> None:
         f.write("rollout:\n  K: 4\n  temperature: [1.0\ntrain:\n  steps: 2\n")
     with open(os.path.join(root, "afile"), "w") as f:
         f.write("not a model\n")
+    with open(os.path.join(root, "problems.csv"), "w") as f:
+        f.write('question,stdin,stdout\n"print n + 1","[""1\\n""]","[""2\\n""]"\n')
     os.makedirs(os.path.join(root, "badmodel"), exist_ok=True)
     with open(os.path.join(root, "badmodel", "config.json"), "w") as f:
         f.write('{"model_type": "no-such-architecture"}\n')
