@@ -82,7 +82,8 @@ def hf_dir(tmp_path_factory):
 
 
 def _hf(hf_dir, *extra):
-    return TINY + ["model.kind=hf", f"model.path={hf_dir}", "env.style=chat", *extra]
+    # byte-level tokens: a chat prompt with the tool's program (code mode) runs past 1024
+    return TINY + ["model.kind=hf", f"model.path={hf_dir}", "env.style=chat", "model.max_prompt_tokens=4096", *extra]
 
 
 # ---- (b) L2 invariants on the tiny model ------------------------------------------------------------------

@@ -91,7 +91,7 @@ class CausalLMPolicy:
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) > self.max_prompt_tokens:
             raise ValueError(f"prompt of {len(ids)} tokens exceeds max_prompt_tokens={self.max_prompt_tokens} "
-                             f"(policy {self.policy_id}); raise rollout.max_prompt_tokens or shorten the prompt")
+                             f"(policy {self.policy_id}); raise model.max_prompt_tokens or shorten the prompt")
         return ids
 
     def encode_response(self, text: str) -> list[int]:
