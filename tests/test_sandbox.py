@@ -276,3 +276,18 @@ def test_interpreter_under_a_covered_tmp_dir_stays_visible():
         "/tmp/ci/.venv", "/tmp/work", "/tmp/workdir2"]
     assert any(os.path.dirname(sys.executable) in (d, os.path.realpath(d)) for d in _interpreter_dirs())
     assert run_python("import sys; print(sys.version_info[0])").stdout.strip() == "3"
+
+
+@pytest.mark.skipif(not sandbox.isolation().namespaces, reason="covering directories needs the mount namespace")
+def test_a_checkout_under_a_covered_tmp_dir_still_runs_programs(tmp_path, monkeypatch):
+    """atgrpo's own directory is hidden from programs; in a checkout under /tmp (as a CI clone may be) it is
+    already gone once /tmp is covered, and the sandbox must still start (not fail to cover what is not there)."""
+    from atgrpo.sandbox import confine
+
+    pkg = tmp_path / "checkout" / "atgrpo"
+    pkg.mkdir(parents=True)
+    (pkg / "secret.py").write_text("SOLUTION = 42\n")
+    assert str(pkg).startswith("/tmp/")
+    monkeypatch.setattr(confine, "_package_dirs", lambda: (str(pkg),))
+    res = run_python(f"import os; print(os.path.exists({str(pkg / 'secret.py')!r}))")
+    assert res.ok and res.stdout.strip() == "False", res

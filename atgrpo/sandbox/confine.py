@@ -192,6 +192,8 @@ def _setup_mounts(plan: _ChildPlan) -> None:
     for target, keep in plan.reveal:
         _cover(target, 0o755, keep, 1)
     for target in _package_dirs():
+        if not os.path.isdir(target):  # under a directory covered above (a checkout in /tmp): already out of sight
+            continue
         inside = [p for p in (plan.workdir, *_interpreter_dirs()) if p.startswith(target.rstrip(os.sep) + os.sep)]
         _cover(target, 0o555, _outermost(inside), 1)
 
