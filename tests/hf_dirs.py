@@ -9,11 +9,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n"
                  "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}")
+PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-def write_tiny_hf_dir(d: str, add_bos: bool = False) -> str:
+def write_tiny_hf_dir(d: str, add_bos: bool = False, chat_template: str = CHAT_TEMPLATE, eos_scale: float = 1.0,
+                      **config) -> str:
     """A tiny Llama + a byte-level BPE tokenizer with a Qwen3-like chat template (no download). ``add_bos``:
-    the tokenizer prepends ``<s>`` to every string it encodes with special tokens (as Llama's do)."""
+    the tokenizer prepends ``<s>`` to every string it encodes with special tokens (as Llama's do); ``config``
+    overrides ``LlamaConfig`` fields (sizes); ``eos_scale`` scales EOS's (tied) embedding: EOS gets likelier."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -26,11 +30,15 @@ def write_tiny_hf_dir(d: str, add_bos: bool = False) -> str:
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>")
-    fast.chat_template = CHAT_TEMPLATE
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
+    fast.chat_template = chat_template
+    sizes = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2)
+    cfg = LlamaConfig(**{**sizes, **config}, vocab_size=len(vocab), tie_word_embeddings=True, pad_token_id=0,
                       bos_token_id=1, eos_token_id=4)
     torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(d)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[4] *= eos_scale
+    model.save_pretrained(d)
     fast.save_pretrained(d)
     return d

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+from hf_dirs import PLAIN_CHAT_TEMPLATE, write_tiny_hf_dir
 
 from atgrpo.config import ConfigError, VLLMConfig, load_config
 from atgrpo.rollout.vllm_engine import (PYTHON_ENV, EnginePolicy, LogprobGap, check_no_mixed_adapters, engine_python,
@@ -65,28 +66,10 @@ def test_engine_config_errors():
 
 # ---- a tiny Hugging Face model vLLM can load -------------------------------------------------------------
 def write_hf_dir(d: str) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(specials)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>")
-    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0,
-                      bos_token_id=1, eos_token_id=4, initializer_range=0.2, max_position_embeddings=4096)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # EOS likely enough that some responses finish within a few tokens
-        model.model.embed_tokens.weight[4] *= 4
-    model.save_pretrained(d)
-    fast.save_pretrained(d)
-    return d
+    """Head size 64 (vLLM's CPU attention refuses 16); EOS likely enough that some responses finish early."""
+    return write_tiny_hf_dir(d, chat_template=PLAIN_CHAT_TEMPLATE, eos_scale=4.0, hidden_size=128,
+                             intermediate_size=256, num_hidden_layers=2, initializer_range=0.2,
+                             max_position_embeddings=4096)
 
 
 @pytest.fixture(scope="module")
