@@ -38,7 +38,7 @@ TIMES = ("time/step", "time/rollout", "time/update", "time/ray_sync")
 def run(steps: int, overrides: list[str]) -> dict:
     import ray
 
-    from atgrpo.trainer.ray_backend import RayBackend
+    from atgrpo.trainer.ray.driver import RayBackend
 
     cfg = load_config(None, DEFAULTS + overrides)
     local, remote = build_state(cfg), build_state(cfg)

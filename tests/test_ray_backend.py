@@ -17,10 +17,10 @@ ray = pytest.importorskip("ray")
 
 from atgrpo.config import ConfigError, load_config  # noqa: E402
 from atgrpo.rollout.records import Sample  # noqa: E402
-from atgrpo.trainer.ray_backend import RayBackend  # noqa: E402
-from atgrpo.trainer.ray_workers import shard_minibatch  # noqa: E402
+from atgrpo.trainer.ray.driver import RayBackend  # noqa: E402
 from atgrpo.trainer.run import build_state, train  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
+from atgrpo.trainer.update import plan_minibatches, shard_minibatch, split_minibatches  # noqa: E402
 
 from conftest import FAST  # noqa: E402
 
@@ -133,12 +133,14 @@ def test_dead_environment_worker_is_replaced_and_its_work_retried(backend, tmp_p
     assert mr["ray/env_worker_restarts"] == 0
 
 
+def _sample(prompt, n):
+    return Sample(problem="p", branch=0, turn=0, agent="a", policy="a", prompt="", prompt_ids=list(prompt),
+                  response="", response_ids=[1] * n, logprobs=[0.0] * n, reward_team=0.0, reward_local=0.0,
+                  reward=0.0, selected=False, finished=True)
+
+
 def test_shard_minibatch_keeps_prompt_groups_whole_and_loses_nothing():
-    def sample(prompt, n):
-        return Sample(problem="p", branch=0, turn=0, agent="a", policy="a", prompt="", prompt_ids=list(prompt),
-                      response="", response_ids=[1] * n, logprobs=[0.0] * n, reward_team=0.0, reward_local=0.0,
-                      reward=0.0, selected=False, finished=True)
-    mb = [sample((1, 2), 3), sample((5,), 9), sample((1, 2), 4), sample((7, 7, 7), 1), sample((5,), 2)]
+    mb = [_sample((1, 2), 3), _sample((5,), 9), _sample((1, 2), 4), _sample((7, 7, 7), 1), _sample((5,), 2)]
     shards = shard_minibatch(mb, 2)
     assert sorted(map(id, mb)) == sorted(id(s) for sh in shards for s in sh)
     for sh in shards:
@@ -146,6 +148,27 @@ def test_shard_minibatch_keeps_prompt_groups_whole_and_loses_nothing():
         assert all(sum(tuple(s.prompt_ids) == p for s in sh) == sum(tuple(s.prompt_ids) == p for s in mb)
                    for p in prompts)
     assert shard_minibatch(mb[:1], 3)[1:] == [[], []]
+    # largest group (by tokens) first, each to the rank with the fewest tokens: (5,) 13, (1, 2) 11, (7, 7, 7) 4
+    assert [[s.prompt_ids for s in sh] for sh in shard_minibatch(mb, 2)] == [[[5], [5]], [[1, 2], [1, 2], [7, 7, 7]]]
+
+
+def test_one_minibatch_plan_for_the_local_and_the_data_parallel_update():
+    """``plan_minibatches`` draws what ``split_minibatches`` draws (one randperm: the same generator state after);
+    one rank trains on the mini-batches as split, several on each mini-batch's whole-group shards."""
+    from atgrpo.config import AlgoConfig
+
+    samples = [_sample((p,) * (1 + p % 3), 1 + (p * 7 + k) % 5) for p in range(7) for k in range(3)]
+    mbs = split_minibatches(samples, 3, g := torch.Generator().manual_seed(5))
+
+    def ids(nested):
+        return [[[id(s) for s in part] for part in rank] for rank in nested]
+
+    for world in (1, 2, 3):
+        plan = plan_minibatches(samples, AlgoConfig(minibatches=3), gp := torch.Generator().manual_seed(5), world)
+        assert torch.equal(gp.get_state(), g.get_state()) and plan.n_samples == len(samples)
+        assert plan.normalizers == [float(sum(len(s.response_ids) for s in mb)) for mb in mbs]  # token-mean
+        want = [mbs] if world == 1 else [[shard_minibatch(mb, world)[r] for mb in mbs] for r in range(world)]
+        assert ids(plan.shards) == ids(want)
 
 
 def test_config_names_the_backend_choices():

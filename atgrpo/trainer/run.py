@@ -143,7 +143,7 @@ def _ray_note(cfg: Config, state: TrainState) -> str | None:
     import ray
 
     from ..config import local_ray_cpus
-    from .ray_backend import ray_note
+    from .ray.driver import ray_note
 
     if ray.is_initialized():
         return None
@@ -226,7 +226,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
             "warmstart": summary.get("warmstart"), "nonfinite": nonfinite}, cfg.train.keep_checkpoints)
 
     if cfg.trainer.backend == "ray":  # workers start after the warm start, which runs in this process
-        from .ray_backend import RayBackend
+        from .ray.driver import RayBackend
 
         state.backend = RayBackend(cfg)
     elif cfg.rollout.engine == "vllm":  # engines start after the warm start (or resume), with its weights

@@ -62,6 +62,15 @@ def build_policies(cfg: Config, policy_ids: list[str]) -> dict[str, CausalLMPoli
     return policies
 
 
+def build_policy(cfg: Config, pid: str, policy_ids: list[str]) -> CausalLMPolicy:
+    """The policy ``pid`` exactly as ``build_policies(cfg, policy_ids)`` builds it, without building the others
+    (L2: every adapter sits on one base model, so that model is built with all of them). A Ray worker's policy."""
+    if cfg.policy.sharing == "L2":
+        return build_policies(cfg, policy_ids)[pid]
+    model, tok = _base_model(cfg, sorted(policy_ids).index(pid))
+    return _policy(cfg, pid, model, tok)
+
+
 def _base_model(cfg: Config, n: int):
     """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model."""
     if cfg.model.kind == "tiny":

@@ -3,7 +3,7 @@
 Strictly on-policy and synchronous (docs/method.md): every policy is updated on the samples it generated
 in this step's rollout, and the next rollout uses the new weights (same objects: no sync needed locally).
 Where the work runs is the backend's business (``state.backend``): ``LocalBackend`` here, in this process;
-``ray_backend.RayBackend`` on Ray actors (docs/ray.md). The step is the same code for both.
+``ray.driver.RayBackend`` on Ray actors (docs/ray.md). The step is the same code for both.
 """
 
 from __future__ import annotations

@@ -39,16 +39,66 @@ def make_optimizer(policy: CausalLMPolicy, algo: AlgoConfig) -> torch.optim.Opti
     return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999))
 
 
+def _fill_least_loaded(groups: list[list[Sample]], n: int, weight: Callable[[list[Sample]], int]
+                       ) -> list[list[Sample]]:
+    """``n`` bins filled with ``groups`` in the order given, each group whole into the bin of least ``weight``
+    so far (ties: the first such bin)."""
+    bins: list[list[Sample]] = [[] for _ in range(n)]
+    load = [0] * n
+    for g in groups:
+        b = min(range(n), key=lambda r: (load[r], r))
+        bins[b] += g
+        load[b] += weight(g)
+    return bins
+
+
+def _prompt_groups(samples: list[Sample]) -> list[list[Sample]]:
+    """The samples grouped by identical prompt (``shared_prefix.group_by_prompt``), in order of first appearance."""
+    return [[samples[i] for i in g] for g in group_by_prompt([s.prompt_ids for s in samples])]
+
+
+def _tokens(group: list[Sample]) -> int:
+    return sum(len(s.prompt_ids) + len(s.response_ids) for s in group)
+
+
 def split_minibatches(samples: list[Sample], n: int, generator: torch.Generator) -> list[list[Sample]]:
     """One PPO epoch's ``n`` mini-batches. Whole prompt groups (the K responses to one prompt) stay in one
     mini-batch, so the shared-prefix pass runs each prompt once per step, not once per mini-batch. Groups are
-    taken in random order, each into the mini-batch with the fewest samples so far; fewer groups than ``n``
-    give fewer mini-batches."""
-    groups = group_by_prompt([s.prompt_ids for s in samples])
-    mbs: list[list[Sample]] = [[] for _ in range(min(n, len(groups)))]
-    for g in torch.randperm(len(groups), generator=generator).tolist():
-        min(mbs, key=len).extend(samples[i] for i in groups[g])
-    return mbs
+    taken in random order (one ``randperm`` from ``generator``), each into the mini-batch with the fewest
+    samples so far; fewer groups than ``n`` give fewer mini-batches."""
+    groups = _prompt_groups(samples)
+    order = torch.randperm(len(groups), generator=generator).tolist()
+    return _fill_least_loaded([groups[g] for g in order], min(n, len(groups)), len)
+
+
+def shard_minibatch(mb: list[Sample], world: int) -> list[list[Sample]]:
+    """Split one mini-batch over ``world`` data-parallel ranks: whole prompt groups (shared-prefix scoring keeps
+    its savings), largest first, each to the rank with the fewest tokens so far. Deterministic (no random draw)."""
+    return _fill_least_loaded(sorted(_prompt_groups(mb), key=lambda g: -_tokens(g)), world, _tokens)
+
+
+@dataclass
+class MinibatchPlan:
+    """One policy update (one PPO epoch) planned for ``world`` ranks: ``shards[rank][m]`` is the part of
+    mini-batch ``m`` that ``rank`` trains on (possibly empty), ``normalizers[m]`` mini-batch ``m``'s loss
+    normaliser over all ranks, ``n_samples`` the samples of the update. ``epoch_update`` runs one rank's part."""
+    shards: list[list[list[Sample]]]
+    normalizers: list[float]
+    n_samples: int
+
+
+def plan_minibatches(samples: list[Sample], algo: AlgoConfig, generator: torch.Generator, world: int = 1
+                     ) -> MinibatchPlan:
+    """The mini-batch planner of the local and the data-parallel (Ray) update: ``algo.minibatches`` mini-batches
+    of whole prompt groups (``split_minibatches``: the update's only random draw), their normalisers, and with
+    ``world > 1`` each mini-batch sharded over the ranks (``shard_minibatch``). With ``world == 1`` the one rank
+    trains on the mini-batches as split, so the plan does not depend on the backend."""
+    mbs = split_minibatches(samples, algo.minibatches, generator)
+    norms = [minibatch_normalizer(mb, algo) for mb in mbs]
+    if world == 1:
+        return MinibatchPlan([mbs], norms, len(samples))
+    per_mb = [shard_minibatch(mb, world) for mb in mbs]  # [m][rank]
+    return MinibatchPlan([[sh[rank] for sh in per_mb] for rank in range(world)], norms, len(samples))
 
 
 def micro_batches(mb: list[Sample], algo: AlgoConfig) -> list[list[Sample]]:
@@ -113,9 +163,9 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
     ``reference``: the frozen policy of the KL penalty (needed when ``algo.kl_coef > 0``)."""
     if not samples:
         return UpdateStats()
-    mbs = split_minibatches(samples, algo.minibatches, generator)
-    return epoch_update(policy, optimizer, mbs, [minibatch_normalizer(mb, algo) for mb in mbs], len(samples),
-                            algo, temperature, reference)
+    plan = plan_minibatches(samples, algo, generator)
+    return epoch_update(policy, optimizer, plan.shards[0], plan.normalizers, plan.n_samples, algo, temperature,
+                        reference)
 
 
 def epoch_update(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],

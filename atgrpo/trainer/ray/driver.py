@@ -1,4 +1,5 @@
-"""The Ray backend (``trainer.backend=ray``): the same train step as the local backend, its work placed on actors.
+"""The Ray backend's driver (``trainer.backend=ray``): the same train step as the local backend, its work placed
+on actors (``workers.py``).
 
 Placement (docs/ray.md):
 - one resource pool (a placement group) per policy, holding its rollout worker(s) and update worker(s);
@@ -30,12 +31,13 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..rollout.records import Sample
-from ..rollout.tree import step_clones
+from ...rollout.records import Sample
+from ...rollout.tree import step_clones
+from .partition import split_even
 
-if TYPE_CHECKING:  # this module's top level stays free of torch: environment workers start in a second
-    from ..config import Config
-    from .update import UpdateStats
+if TYPE_CHECKING:  # this module's top level stays free of torch and ray: environment workers start in a second
+    from ...config import Config
+    from ..update import UpdateStats
 
 READY_TIMEOUT_S = 300.0  # actors import torch and build a model: minutes on a loaded machine
 
@@ -48,24 +50,13 @@ class Pool:
     update: list = field(default_factory=list)
 
 
-def split_even(items: list, n: int) -> list[list]:
-    """``items`` in ``n`` contiguous, nearly equal parts (some empty when there are fewer items than parts)."""
-    q, r = divmod(len(items), n)
-    out, start = [], 0
-    for i in range(n):
-        end = start + q + (i < r)
-        out.append(items[start:end])
-        start = end
-    return out
-
-
 def ray_shares(cfg: Config, n_policies: int, ray, owns_ray: bool) -> tuple[float, float]:
     """(CPUs per rollout/update worker, CPUs per environment worker) of a run with ``n_policies`` policies.
 
     On an existing cluster (``trainer.ray.address``) an unset share is 1 CPU. Otherwise the unset shares divide
     the CPUs this run may use: the whole local cluster it started, or what is free on a Ray instance already
     running in this process (``config.ray_cpu_shares``, which raises ``ConfigError`` when they cannot fit)."""
-    from ..config import ray_cpu_shares
+    from ...config import ray_cpu_shares
 
     r = cfg.trainer.ray
     if r.address:
@@ -77,7 +68,7 @@ def ray_shares(cfg: Config, n_policies: int, ray, owns_ray: bool) -> tuple[float
 
 def ray_note(cfg: Config, n_policies: int, cluster_cpus: float) -> str | None:
     """The line that says how a local cluster's CPUs are shared when atgrpo chose the shares, else None."""
-    from ..config import ray_cpu_shares
+    from ...config import ray_cpu_shares
 
     r = cfg.trainer.ray
     if r.address or (r.cpus_per_worker is not None and r.cpus_per_env_worker is not None):
@@ -114,9 +105,9 @@ class RayBackend:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from ..config import local_ray_cpus
-        from . import ray_workers as rw
-        from .setup import agent_to_policy, env_factory
+        from ...config import local_ray_cpus
+        from ..setup import agent_to_policy, env_factory
+        from . import workers as rw
 
         self.cfg, r = cfg, cfg.trainer.ray
         self._owns_ray = not ray.is_initialized()
@@ -186,7 +177,7 @@ class RayBackend:
         after the driver changed them: warm start, resume, a new TrainState)."""
         import ray
 
-        from .ray_workers import trainable_state
+        from .workers import trainable_state
 
         if not self._started:
             self._start()
@@ -200,10 +191,6 @@ class RayBackend:
         ray.get(refs)
         self._state = state
         self.counters["time/ray_attach"] += time.perf_counter() - t
-
-    def invalidate(self) -> None:
-        """The driver's weights changed outside a train step: resend them before the next one."""
-        self._state = None
 
     def close(self) -> None:
         import ray
@@ -219,8 +206,8 @@ class RayBackend:
 
     # ---- the train step's three calls ---------------------------------------------------------------------
     def rollout_policies(self, state) -> dict:
-        """The driver's policies with ``generate`` on their rollout workers (``ray_workers.RemotePolicy``)."""
-        from .ray_workers import RemotePolicy
+        """The driver's policies with ``generate`` on their rollout workers (``workers.RemotePolicy``)."""
+        from .workers import RemotePolicy
 
         if self._state is not state:
             self.attach(state)
@@ -267,8 +254,7 @@ class RayBackend:
         """Every policy's update on its own update workers, concurrently; then weight sync."""
         import ray
 
-        from .ray_workers import shard_minibatch
-        from .update import UpdateStats, minibatch_normalizer, split_minibatches
+        from ..update import UpdateStats, plan_minibatches
 
         algo, temp = self.cfg.algo, self.cfg.rollout.temperature
         calls, sent, stats = {}, {}, {}
@@ -276,11 +262,9 @@ class RayBackend:
             if not batch:
                 stats[pid] = UpdateStats()
                 continue
-            mbs = split_minibatches(batch, algo.minibatches, state.generator)  # as update_policy splits
-            norms = [minibatch_normalizer(mb, algo) for mb in mbs]
-            workers = self.pools[pid].update
-            per_mb = [shard_minibatch(mb, len(workers)) for mb in mbs]  # [m][rank]
-            calls[pid] = [w.update.remote([sh[rank] for sh in per_mb], norms, len(batch), temp)
+            workers = self.pools[pid].update  # the plan (and random draw) of update_policy, sharded over ranks
+            plan = plan_minibatches(batch, algo, state.generator, world=len(workers))
+            calls[pid] = [w.update.remote(plan.shards[rank], plan.normalizers, plan.n_samples, temp)
                           for rank, w in enumerate(workers)]
             sent[pid] = len(batch)
         for pid, refs in calls.items():
@@ -296,7 +280,7 @@ class RayBackend:
         """Rank 0's trainable weights to the policy's rollout workers (one object-store copy) and the driver."""
         import ray
 
-        from .ray_workers import load_trainable
+        from .workers import load_trainable
 
         t = time.perf_counter()
         wrefs = {pid: self.pools[pid].update[0].weights.remote() for pid in pids}

@@ -1,7 +1,8 @@
-"""The model side of the Ray backend (``ray_backend.py``): rollout and update workers (actors), the driver's
-``RemotePolicy`` in front of a policy's rollout workers, and how a mini-batch is sharded over update ranks.
+"""The model side of the Ray backend (``driver.py`` places it): rollout and update workers (actors), the driver's
+``RemotePolicy`` in front of a policy's rollout workers, and weight transfer (``trainable_state``,
+``load_trainable``). This module never imports the driver.
 
-Every worker builds its policy with the constructors of a local run (``setup.py``) and then receives its
+Every worker builds its policy as a local run does (``setup.build_policy``) and then receives its
 weights from the driver. Only parameters with ``requires_grad`` travel (``trainable_state``): the whole model
 for L0/L1/L3, the role's adapter alone for per-role LoRA (L2); frozen weights are rebuilt identically from the
 config (the seeded tiny model, or the same local Hugging Face files).
@@ -9,9 +10,10 @@ config (the seeded tiny model, or the same local Hugging Face files).
 Update workers of one policy train data-parallel (``update.epoch_update``, the loop of a local update too):
 every rank gets a shard of each mini-batch, scales its loss by the *global* mini-batch normaliser (tokens for
 token-mean, sequences for seq-mean), and one all-reduce per mini-batch sums the gradients together with the loss
-statistics; every rank then clips and steps identically. The driver splits mini-batches as a local update does
-(``update.split_minibatches`` on the run's generator), so the result equals the single-process
-``update.update_policy`` up to float summation order (tests/test_ray_backend.py compares the two).
+statistics; every rank then clips and steps identically. The driver plans the mini-batches with the local
+update's planner (``update.plan_minibatches`` on the run's generator, sharded over the ranks), so the result
+equals the single-process ``update.update_policy`` up to float summation order (tests/test_ray_backend.py
+compares the two).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import ray
 import torch
 import torch.distributed as dist
 
-from ..config import Config
-from ..rollout.records import Sample
-from .ray_backend import split_even
-from .update import UpdateStats, epoch_update, make_optimizer
+from ...config import Config
+from ...rollout.records import Sample
+from ..setup import build_policy
+from ..update import UpdateStats, epoch_update, make_optimizer
+from .partition import split_even
 
 
 # ---- weights ------------------------------------------------------------------------------------------
@@ -46,17 +49,6 @@ def load_trainable(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
             p.copy_(weights[n])
 
 
-def build_policy(cfg: Config, pid: str, policy_ids: list[str]):
-    """The policy ``pid`` exactly as a local run builds it (``setup.build_policies``), without the others
-    (L2: all adapters share one base model, so that one model is built with every adapter)."""
-    from .setup import _base_model, _policy, build_policies
-
-    if cfg.policy.sharing == "L2":
-        return build_policies(cfg, policy_ids)[pid]
-    model, tok = _base_model(cfg, sorted(policy_ids).index(pid))
-    return _policy(cfg, pid, model, tok)
-
-
 def _worker_cfg(cfg: Config) -> Config:
     """A GPU worker (Ray set CUDA_VISIBLE_DEVICES for it) puts its model on cuda."""
     if cfg.trainer.ray.gpus_per_worker > 0 and torch.cuda.is_available():
@@ -64,7 +56,7 @@ def _worker_cfg(cfg: Config) -> Config:
     return cfg
 
 
-# ---- driver side: the rollout workers behind a policy, mini-batch shards ----------------------------------
+# ---- driver side: the rollout workers behind a policy -----------------------------------------------------
 class RemotePolicy:
     """The driver's face of a policy whose ``generate`` runs on its rollout workers. Prompts are rendered and
     tokenised here (by the driver's copy); the rollout loop (``rollout/tree.py``) cannot tell the difference."""
@@ -96,21 +88,6 @@ class RemotePolicy:
         refs = [w.generate.remote([prompt_ids[i] for i in part], n, temperature, max_new_tokens, seed)
                 for w, part, seed in zip(self.workers, parts, seeds)]
         return [c for comps, _ in ray.get(refs) for c in comps]
-
-
-def shard_minibatch(mb: list[Sample], world: int) -> list[list[Sample]]:
-    """Split one mini-batch over ``world`` update ranks: whole prompt groups (shared-prefix scoring keeps its
-    savings), largest first, each to the rank with the fewest tokens so far. Deterministic."""
-    groups: dict[tuple[int, ...], list[Sample]] = {}
-    for s in mb:
-        groups.setdefault(tuple(s.prompt_ids), []).append(s)
-    shards: list[list[Sample]] = [[] for _ in range(world)]
-    load = [0] * world
-    for g in sorted(groups.values(), key=lambda g: -sum(len(s.prompt_ids) + len(s.response_ids) for s in g)):
-        w = min(range(world), key=lambda r: (load[r], r))
-        shards[w] += g
-        load[w] += sum(len(s.prompt_ids) + len(s.response_ids) for s in g)
-    return shards
 
 
 # ---- actors ----------------------------------------------------------------------------------------------
