@@ -55,7 +55,7 @@ def test_sokoban_expert_solves(kwargs):
     env = SokobanEnv(**kwargs)
     for seed in range(50):
         env.reset(seed)
-        assert not env.success and not env._failed()
+        assert not env.success and not env._ends_early()
         env.step(env.expert_action("tool"))
         res = env.step(env.expert_action("plan"))
         assert env.success and res.terminated and res.reward.team == 1.0 and res.info["success"]
@@ -145,7 +145,7 @@ def test_sokoban_box_off_goal_and_deadlock():
     env.reset(0)
     _set_sokoban(env, goals=[(2, 3)], player=(3, 2), boxes=[(2, 2)])
     env.step("U")  # box onto (1,2), against the top wall: it can never be pushed down again
-    assert env._failed() and env.done
+    assert env._ends_early() and env.done
 
 
 def test_sokoban_tool_is_simulated_and_shown():

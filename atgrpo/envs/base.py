@@ -115,7 +115,7 @@ class MultiAgentEnv:
         reward, info = self._apply(agent, text if isinstance(text, str) else str(text))
         if not (math.isfinite(reward.team) and math.isfinite(reward.local)):
             raise AssertionError(f"{self.name}: non-finite reward {reward} for agent {agent}")
-        if self.success or self._failed():
+        if self.success or self._ends_early():
             self.terminated = True
         self._agent_idx += 1
         if self._agent_idx == len(self.agents):
@@ -135,8 +135,11 @@ class MultiAgentEnv:
     def success(self) -> bool:
         raise NotImplementedError
 
-    def _failed(self) -> bool:
-        """True when the task can no longer be solved (ends the episode early). Default: never."""
+    def _ends_early(self) -> bool:
+        """True when the episode ends now, before the turn limit, although the task is not solved (the step
+        that made it true is marked ``terminated``). What ends an episode early is the task's own: in code
+        and math, the agents agree (their answers match, right or wrong); in Sokoban, a box stands on a dead
+        square, so the puzzle can no longer be solved. Default: never."""
         return False
 
     def _reset(self, seed: int) -> None:

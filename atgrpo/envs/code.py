@@ -127,8 +127,8 @@ class CodeEnv(MultiAgentEnv):
     def success(self) -> bool:
         return self.hidden_pass == 1.0
 
-    def _failed(self) -> bool:
-        """The base class's early-stop hook; here it means agreement: the program passes the tester's cases."""
+    def _ends_early(self) -> bool:
+        """The episode ends early by agreement: the program passes the tester's cases."""
         return self.agreed
 
     # ---- running ------------------------------------------------------------------------------------

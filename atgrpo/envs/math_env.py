@@ -127,8 +127,8 @@ class MathEnv(MultiAgentEnv):
         final = self.last.get("reasoner")
         return final is not None and final.correct and (self.agreed or self.truncated)
 
-    def _failed(self) -> bool:
-        # base-class hook that ends the episode early: here, the agents agree (right or wrong)
+    def _ends_early(self) -> bool:
+        """The episode ends early by agreement: the agents' answers agree (right or wrong)."""
         return self.agreed
 
     def _answers_agree(self) -> bool:

@@ -24,10 +24,11 @@ from collections import deque
 from typing import Any
 
 from . import splits
-from .base import Messages, MultiAgentEnv, Reward
+from .base import Messages
 from .expert_programs import plan_path_program
 from .moves import DELTAS, PROPOSAL_SHOWN, parse_moves, solving_proposal
-from .tool_code import DEFAULT_TIMEOUT, ToolCodeMixin
+from .propose_execute import ProposeExecuteGame
+from .tool_code import DEFAULT_TIMEOUT
 
 FORMAT_PENALTY = -1.0
 STEP_COST = 0.01
@@ -82,10 +83,9 @@ def render(size: int, walls: frozenset[Pos], pos: Pos, goal: Pos) -> str:
     return "\n".join(rows)
 
 
-class PlanPathEnv(ToolCodeMixin, MultiAgentEnv):
+class PlanPathEnv(ProposeExecuteGame):
     name = "plan_path"
-    team_roles = ("tool", "plan")
-    single_agent_roles = ("plan",)
+    format_penalty = FORMAT_PENALTY
 
     def __init__(self, size: int = 10, wall_prob: float = 0.22, max_turns: int = 4, style: str = "compact",
                  split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None,
@@ -143,24 +143,20 @@ class PlanPathEnv(ToolCodeMixin, MultiAgentEnv):
             total += GOAL_BONUS + (OPTIMAL_BONUS if used == optimal_len else 0.0)
         return pos, total, {"moves_used": used, "invalid_moves": invalid, "reached": reached}
 
-    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
-        text, run = self._read_tool(agent, text)
+    # ---- the propose / execute step (``ProposeExecuteGame._apply``) ----------------------------------
+    def _parse(self, text: str) -> tuple[list[str] | None, bool, dict[str, Any]]:
         moves, ok = parse_moves(text, self.max_moves)
-        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves), **self._run_info(run, bool(moves))}
-        if not moves:
-            if agent == "tool":
-                self.proposal = None
-            return Reward(team=0.0, local=FORMAT_PENALTY), info
-        end, local, stats = self.simulate(self.pos, moves)
-        info.update(stats)
-        if not ok:
-            local += FORMAT_PENALTY
-        if agent == "tool":
-            self.proposal = ("".join(moves), end, stats["reached"])
-        else:
-            self.pos = end
-            self.history.append("".join(moves))
-        return Reward(team=1.0 if self.success else 0.0, local=local), info
+        return moves or None, ok, {"moves": "".join(moves)}
+
+    def _simulate(self, moves: list[str]) -> tuple[Pos, float, dict[str, Any]]:
+        return self.simulate(self.pos, moves)
+
+    def _proposal(self, moves: list[str], end: Pos, stats: dict[str, Any]) -> tuple[str, Pos, bool]:
+        return "".join(moves), end, stats["reached"]
+
+    def _execute(self, moves: list[str], end: Pos) -> None:
+        self.pos = end
+        self.history.append("".join(moves))
 
     def expert_action(self, agent: str) -> str:
         """The plan agent repeats the tool's proposal when its simulation reached the goal (a teammate's
@@ -180,9 +176,6 @@ class PlanPathEnv(ToolCodeMixin, MultiAgentEnv):
         return "UDLR"
 
     # ---- prompts --------------------------------------------------------------------------------------
-    def _observe(self, agent: str, style: str) -> str | Messages:
-        return self._compact(agent) if style == "compact" else self._chat(agent)
-
     def _compact(self, agent: str) -> str:
         """Fixed-format text for tiny policies: header, grid, the tool's proposal (planner only), '>'.
 

@@ -17,9 +17,9 @@ Rewards per executed or simulated move: -0.01 per move, -0.05 more for an invali
 ``+0.1 * (D - D')`` with D the sum over boxes of the Manhattan distance to the nearest goal, +10 on solving
 (execution stops there). An unparsable answer (in code mode also a program that crashes, times out or prints
 nothing readable) scores ``FORMAT_PENALTY``. ``local`` = that sum for the acting agent's own list; ``team`` =
-1.0 when the real puzzle is solved after the step, else 0.0. The episode ends early
-(``_failed``) once a box stands on a dead square: a non-goal cell from which no sequence of pushes can bring a
-lone box to any goal (corners, most wall edges).
+1.0 when the real puzzle is solved after the step, else 0.0. The episode ends early (``_ends_early``) once a
+box stands on a dead square: a non-goal cell from which no sequence of pushes can bring a lone box to any goal
+(corners, most wall edges).
 
 Compact grid symbols: '#' wall, '.' floor, '_' goal, 'B' box, '*' box on a goal, 'A' player, '+' player on a goal.
 """
@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import splits
-from .base import Messages, MultiAgentEnv, Reward
+from .base import Messages
 from .expert_programs import sokoban_program
 from .moves import DELTAS, PROPOSAL_SHOWN, parse_moves, solving_proposal
-from .tool_code import DEFAULT_TIMEOUT, ToolCodeMixin
+from .propose_execute import ProposeExecuteGame
+from .tool_code import DEFAULT_TIMEOUT
 
 FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 STEP_COST = 0.01
@@ -188,10 +189,9 @@ def _fmt(ps: Boxes) -> str:
     return ";".join(f"{r},{c}" for r, c in ps)
 
 
-class SokobanEnv(ToolCodeMixin, MultiAgentEnv):
+class SokobanEnv(ProposeExecuteGame):
     name = "sokoban"
-    team_roles = ("tool", "plan")
-    single_agent_roles = ("plan",)
+    format_penalty = FORMAT_PENALTY
 
     def __init__(self, size: int = 6, num_boxes: int = 1, max_turns: int = 4, style: str = "compact",
                  split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None,
@@ -224,7 +224,8 @@ class SokobanEnv(ToolCodeMixin, MultiAgentEnv):
     def success(self) -> bool:
         return self.room.solved(self.boxes)
 
-    def _failed(self) -> bool:
+    def _ends_early(self) -> bool:
+        """The puzzle can no longer be solved: a box stands on a dead square."""
         return self.room.deadlocked(self.boxes)
 
     # ---- dynamics -------------------------------------------------------------------------------------
@@ -258,24 +259,22 @@ class SokobanEnv(ToolCodeMixin, MultiAgentEnv):
         return player, boxes, total, {"moves_used": used, "invalid_moves": invalid, "pushes": pushes,
                                       "solved_by_moves": solved, "deadlocked": room.deadlocked(boxes)}
 
-    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
-        text, run = self._read_tool(agent, text)
+    # ---- the propose / execute step (``ProposeExecuteGame._apply``) ----------------------------------
+    def _parse(self, text: str) -> tuple[list[str] | None, bool, dict[str, Any]]:
         moves, ok = parse_moves(text, self.max_moves)
-        info: dict[str, Any] = {"parse_error": not ok, "moves": "".join(moves), **self._run_info(run, bool(moves))}
-        if not moves:
-            if agent == "tool":
-                self.proposal = None
-            return Reward(team=0.0, local=FORMAT_PENALTY), info
+        return moves or None, ok, {"moves": "".join(moves)}
+
+    def _simulate(self, moves: list[str]) -> tuple[tuple[Pos, Boxes], float, dict[str, Any]]:
         player, boxes, local, stats = self.simulate(self.player, self.boxes, moves)
-        info.update(stats)
-        if not ok:
-            local += FORMAT_PENALTY
-        if agent == "tool":
-            self.proposal = ("".join(moves), player, boxes, stats["solved_by_moves"])
-        else:
-            self.player, self.boxes = player, boxes
-            self.history.append("".join(moves))
-        return Reward(team=1.0 if self.success else 0.0, local=local), info
+        return (player, boxes), local, stats
+
+    def _proposal(self, moves: list[str], end: tuple[Pos, Boxes],
+                  stats: dict[str, Any]) -> tuple[str, Pos, Boxes, bool]:
+        return "".join(moves), end[0], end[1], stats["solved_by_moves"]
+
+    def _execute(self, moves: list[str], end: tuple[Pos, Boxes]) -> None:
+        self.player, self.boxes = end
+        self.history.append("".join(moves))
 
     def expert_action(self, agent: str) -> str:
         """The plan agent repeats the tool's proposal when its simulation solved the puzzle (a teammate's
@@ -295,9 +294,6 @@ class SokobanEnv(ToolCodeMixin, MultiAgentEnv):
         return "UDLR"
 
     # ---- prompts --------------------------------------------------------------------------------------
-    def _observe(self, agent: str, style: str) -> str | Messages:
-        return self._compact(agent) if style == "compact" else self._chat(agent)
-
     def _compact(self, agent: str) -> str:
         """Fixed-format text for tiny policies: header, room, the tool's proposal (planner only), '>'."""
         head = (f"{agent[0].upper()}{self.turn} A{self.player[0]},{self.player[1]} B{_fmt(self.boxes)} "

@@ -43,9 +43,10 @@ import re
 from typing import Any
 
 from . import splits
-from .base import Messages, MultiAgentEnv, Reward
+from .base import Messages
 from .expert_programs import sudoku_program
-from .tool_code import DEFAULT_TIMEOUT, ToolCodeMixin
+from .propose_execute import ProposeExecuteGame
+from .tool_code import DEFAULT_TIMEOUT
 
 FORMAT_PENALTY = -1.0  # below any parsed answer: silence must never be the safe choice
 REJECT_PENALTY = -0.5
@@ -220,10 +221,9 @@ def parse_action(text: str, n: int) -> tuple[str, list[int] | list[tuple[int, in
     return "fills", fills, ok and len(fills) == len(raw) and bool(fills)
 
 
-class SudokuEnv(ToolCodeMixin, MultiAgentEnv):
+class SudokuEnv(ProposeExecuteGame):
     name = "sudoku"
-    team_roles = ("tool", "plan")
-    single_agent_roles = ("plan",)
+    format_penalty = FORMAT_PENALTY
 
     def __init__(self, size: int = 4, max_turns: int = 4, style: str = "compact", split: str = "train",
                  roles: tuple[str, ...] | None = None, holes: int | None = None, tool_mode: str | None = None,
@@ -287,28 +287,27 @@ class SudokuEnv(ToolCodeMixin, MultiAgentEnv):
             reward += SOLVE_BONUS
         return new, reward, stats
 
-    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
-        text, run = self._read_tool(agent, text)
+    # ---- the propose / execute step (``ProposeExecuteGame._apply``) ----------------------------------
+    def _parse(self, text: str) -> tuple[tuple[str, list] | None, bool, dict[str, Any]]:
         kind, payload, ok = parse_action(text, self.n)
-        info: dict[str, Any] = {"parse_error": not ok, "kind": kind,
-                                **self._run_info(run, kind != "none" and bool(payload))}
-        if kind == "none" or not payload:
-            if agent == "tool":
-                self.proposal = None
-            return Reward(team=0.0, local=FORMAT_PENALTY), info
-        new, local, stats = self.simulate(self.board, kind, payload)
-        info.update(stats)
+        return ((kind, payload) if kind != "none" and payload else None), ok, {"kind": kind}
+
+    def _simulate(self, action: tuple[str, list]) -> tuple[Board, float, dict[str, Any]]:
+        """``simulate`` on the real board; the stats also say whether the action was ``consistent`` (no grid
+        rejected, no fill refused)."""
+        new, local, stats = self.simulate(self.board, *action)
+        stats["consistent"] = not (stats["rejected"] or stats["given_fills"] or stats["violations"])
+        return new, local, stats
+
+    def _proposal(self, action: tuple[str, list], new: Board, stats: dict[str, Any]) -> tuple[str, str]:
+        """(the board after simulation, status code: R rejected, S solved, C consistent, X<k> k refused fills)."""
         solved = tuple(new) == self.solution
-        info["consistent"] = not (stats["rejected"] or stats["given_fills"] or stats["violations"])
-        if not ok:
-            local += FORMAT_PENALTY
-        if agent == "tool":
-            code = ("R" if stats["rejected"] else "S" if solved else "C" if info["consistent"]
-                    else f"X{stats['given_fills'] + stats['violations']}")
-            self.proposal = (slash(new, self.n), code)
-        else:
-            self.board = new
-        return Reward(team=1.0 if self.success else 0.0, local=local), info
+        code = ("R" if stats["rejected"] else "S" if solved else "C" if stats["consistent"]
+                else f"X{stats['given_fills'] + stats['violations']}")
+        return slash(new, self.n), code
+
+    def _execute(self, action: tuple[str, list], new: Board) -> None:
+        self.board = new
 
     def expert_action(self, agent: str) -> str:
         if agent == "tool" and self.tool_mode == "code":
@@ -327,9 +326,6 @@ class SudokuEnv(ToolCodeMixin, MultiAgentEnv):
         return "".join(str(d) for d in range(1, self.n + 1))
 
     # ---- prompts --------------------------------------------------------------------------------------
-    def _observe(self, agent: str, style: str) -> str | Messages:
-        return self._compact(agent) if style == "compact" else self._chat(agent)
-
     def _compact(self, agent: str) -> str:
         """Fixed-format text for tiny policies: header, board, the tool's proposal (planner only), '>'.
         Proposal status codes: S solved, C consistent, X<k> k refused fills, R grid rejected (changed a given)."""
