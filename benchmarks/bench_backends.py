@@ -52,8 +52,7 @@ def run(steps: int, overrides: list[str]) -> dict:
     worst = {"reward": 0.0, "loss_rel": 0.0}
     try:
         for step in range(1, steps + 1):
-            ml, _ = train_step(local, step)
-            mr, _ = train_step(remote, step)
+            ml, mr = train_step(local, step).metrics(), train_step(remote, step).metrics()
             rows["local"].append(ml)
             rows["ray"].append(mr)
             for k, a in ml.items():

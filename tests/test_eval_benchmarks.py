@@ -12,6 +12,7 @@ from atgrpo.cli import main
 from atgrpo.envs import make
 from atgrpo.policies import ByteTokenizer, Completion
 from atgrpo.policies.tokenizer import EOS
+from atgrpo.rollout import Sampling
 from atgrpo.trainer.benchmarks import pass_at_k, run_benchmark
 
 
@@ -78,8 +79,8 @@ def test_pass_at_k_on_a_scripted_policy_equals_the_hand_computed_value():
         assert env.success  # the expert path solves it in the one turn
     wins = {0: set(), 1: {2}, 2: {0, 1, 3}}  # c = 0, 1, 3 correct of n = 4
     policy = ScriptedPolicy(plan_prompts, wins)
-    metrics, records = run_benchmark(make_env, {"shared": policy}, {"tool": "shared", "plan": "shared"}, 3, 4,
-                                     [1, 2, 4], 1.0, 8, 1.0)
+    metrics, records = run_benchmark(make_env, {"shared": policy}, {"tool": "shared", "plan": "shared"}, 3,
+                                     [1, 2, 4], Sampling(K=4, temperature=1.0, max_new_tokens=8, alpha=1.0))
     # by hand: pass@1 = (0 + 1/4 + 3/4) / 3; pass@2 = (0 + (1 - C(3,2)/C(4,2)) + 1) / 3 = (0 + 1/2 + 1) / 3;
     # pass@4 = (0 + 1 + 1) / 3
     assert metrics["pass@1"] == pytest.approx(1 / 3)

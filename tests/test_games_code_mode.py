@@ -19,7 +19,7 @@ from atgrpo.envs import MathEnv, make, programs
 from atgrpo.envs.expert_programs import BUGS
 from atgrpo.policies import ByteTokenizer, Completion
 from atgrpo.policies.tokenizer import EOS
-from atgrpo.rollout import tree_rollout
+from atgrpo.rollout import Sampling, tree_rollout
 from atgrpo.sandbox import isolation
 from atgrpo.trainer.step import rollout_metrics
 
@@ -255,8 +255,8 @@ def test_k_candidates_of_a_node_see_one_prompt_in_code_mode(game):
         return _fenced(env.expert_program("wrong" if k == 2 else None))
 
     policies = {"t": ChatScript("t", tool), "p": ChatScript("p", lambda prompt, k: "[U]")}
-    samples, episodes = tree_rollout(envs, policies, {"tool": "t", "plan": "p"}, K=K, temperature=1.0,
-                                     max_new_tokens=8, alpha=1.0)
+    samples, episodes = tree_rollout(envs, policies, {"tool": "t", "plan": "p"}, Sampling(K=K, temperature=1.0,
+                                     max_new_tokens=8, alpha=1.0))
     check_group_sizes([group_key_fn("problem_turn_agent")(s) for s in samples], K)
     nodes = defaultdict(list)
     for s in samples:

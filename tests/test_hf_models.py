@@ -55,7 +55,7 @@ def _two_l2_steps(st) -> tuple[dict[str, torch.Tensor], set[str], dict[str, floa
     optimizer steps each role's policy took."""
     shared = st.policies["tool"].model.peft
     before = _snapshot(shared)
-    rows = [train_step(st, step)[0] for step in (1, 2)]
+    rows = [train_step(st, step).metrics() for step in (1, 2)]
     steps = {pid: sum(r[f"update/{pid}/optimizer_steps"] for r in rows) for pid in ("tool", "plan")}
     return before, _changed(before, shared), steps
 

@@ -10,8 +10,8 @@ from atgrpo.algorithms.losses import policy_loss
 from atgrpo.config import AlgoConfig, ConfigError, load_config, max_new_tokens_any
 from atgrpo.envs import make
 from atgrpo.policies import ByteTokenizer, CausalLMPolicy, Completion, TinyModelConfig, build_tiny_model
-from atgrpo.rollout import tree_rollout
-from atgrpo.rollout.tree import agent_sampling, cut_at_stop
+from atgrpo.rollout import Sampling, tree_rollout
+from atgrpo.rollout.sampling import cut_at_stop
 from atgrpo.trainer.update import backward_micro_batch, micro_batches, minibatch_normalizer
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -28,8 +28,8 @@ def _rollout(policy, per_agent, shared_prefix=True):
     for i, e in enumerate(envs):
         e.reset(i)
     gen = torch.Generator().manual_seed(0)
-    samples, _ = tree_rollout(envs, {"shared": policy}, {"tool": "shared", "plan": "shared"}, 4, 1.0, 6, 1.0, gen,
-                              per_agent=per_agent)
+    samples, _ = tree_rollout(envs, {"shared": policy}, {"tool": "shared", "plan": "shared"},
+                              Sampling(4, 1.0, 6, 1.0, per_agent=per_agent), gen)
     return samples
 
 
@@ -87,8 +87,10 @@ def test_stop_strings_cut_the_response_and_keep_its_logprobs():
     assert cut.text == "ab</t>" and cut.ids == ids[:6] and cut.logprobs == c.logprobs[:6] and cut.finished
     assert cut_at_stop(c, ("zz",), tok.decode) is c
     assert cut_at_stop(c, ("d<", "b<"), tok.decode).text == "ab<"  # the earliest of several
-    assert agent_sampling("tester", {"tester": {"stop": "</t>"}}, 1.0, 12) == (1.0, 12, ("</t>",))
-    assert agent_sampling("coder", {"tester": {"stop": "</t>"}}, 0.9, 12) == (0.9, 12, ())
+    assert Sampling(4, 1.0, 12, per_agent={"tester": {"stop": "</t>"}}).for_agent("tester") == (1.0, 12, ("</t>",))
+    assert Sampling(4, 0.9, 12, per_agent={"tester": {"stop": "</t>"}}).for_agent("coder") == (0.9, 12, ())
+    assert Sampling(4, 0.9, 12, per_agent={"tester": {"temperature": 0.5, "max_new_tokens": 3}}).for_agent(
+        "tester") == (0.5, 3, ())
 
 
 def test_stop_strings_in_a_rollout_with_recomputed_logprobs():

@@ -71,8 +71,8 @@ def test_two_steps_match_the_local_backend(backend):
     local, remote = _pair(backend, L3_DP)
     assert set(remote.policies) == {"plan", "tool"}
     for step in (1, 2):
-        ml, sl = train_step(local, step)
-        mr, sr = train_step(remote, step)
+        rl, rr = train_step(local, step), train_step(remote, step)
+        ml, sl, mr, sr = rl.metrics(), rl.samples, rr.metrics(), rr.samples
         _compare(ml, mr)
         assert [(s.problem, s.turn, s.agent, s.branch, s.response) for s in sl] == \
                [(s.problem, s.turn, s.agent, s.branch, s.response) for s in sr]
@@ -121,14 +121,13 @@ def test_dead_environment_worker_is_replaced_and_its_work_retried(backend, tmp_p
         make = st.make_env
         st.make_env = lambda split, seed, make=make: KillWorkerOnce(make(split, seed), flag, os.getpid())
     open(flag, "w").close()
-    ml, _ = train_step(local, 1)
-    mr, _ = train_step(remote, 1)
+    ml, mr = train_step(local, 1).metrics(), train_step(remote, 1).metrics()
     assert not os.path.exists(flag), "no environment worker stepped the wrapped env"
     assert mr["ray/env_worker_restarts"] == 1 and mr["ray/env_retries"] == 1
     assert mr["ray/dropped_samples"] == 0
     _compare(ml, mr)
-    ml, _ = train_step(local, 2)  # the replacement worker serves the next step
-    mr, _ = train_step(remote, 2)
+    ml = train_step(local, 2).metrics()  # the replacement worker serves the next step
+    mr = train_step(remote, 2).metrics()
     _compare(ml, mr)
     assert mr["ray/env_worker_restarts"] == 0
 

@@ -19,7 +19,7 @@ from atgrpo.algorithms.grouping import check_group_sizes, group_index, group_key
 from atgrpo.envs import make
 from atgrpo.policies import ByteTokenizer, CausalLMPolicy, Completion, TinyModelConfig, build_tiny_model
 from atgrpo.policies.tokenizer import EOS
-from atgrpo.rollout import trajectory_rollout, tree_rollout
+from atgrpo.rollout import Sampling, trajectory_rollout, tree_rollout
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 ENV_KW = dict(size=5, wall_prob=0.2, max_turns=3)
@@ -124,8 +124,8 @@ def test_tree_scripted_candidates(alpha):
     snapshots = [copy.deepcopy(vars(e)) for e in envs]
     pol = ScriptedPolicy("shared", CANDIDATES)
     K = len(CANDIDATES)
-    samples, episodes = tree_rollout(envs, {"shared": pol}, {"tool": "shared", "plan": "shared"}, K=K,
-                                     temperature=1.0, max_new_tokens=8, alpha=alpha)
+    samples, episodes = tree_rollout(envs, {"shared": pol}, {"tool": "shared", "plan": "shared"}, Sampling(K=K,
+                                     temperature=1.0, max_new_tokens=8, alpha=alpha))
     _check_tree(envs, samples, episodes, K, alpha, {"tool": "shared", "plan": "shared"})
     # the envs passed in are never mutated
     assert [vars(e) for e in envs] == snapshots
@@ -145,7 +145,7 @@ def test_plan_agent_rewards_differ_and_are_not_copies_of_tool_best():
     tool = ScriptedPolicy("tool", ["zz", "RRDD", "D", "zz", "R"])
     plan = ScriptedPolicy("plan", ["R", "L", "U", "D", "zz"])
     samples, episodes = tree_rollout(envs, {"tool": tool, "plan": plan}, {"tool": "tool", "plan": "plan"},
-                                     K=5, temperature=1.0, max_new_tokens=8, alpha=1.0)
+                                     Sampling(K=5, temperature=1.0, max_new_tokens=8, alpha=1.0))
     _check_tree(envs, samples, episodes, 5, 1.0, {"tool": "tool", "plan": "plan"})
     plan_nodes = [n for nodes in _nodes(samples).values() for n in nodes if n[0].agent == "plan"]
     assert plan_nodes
@@ -168,16 +168,16 @@ def test_tie_break_lowest_branch_and_next_prompt_follows_kept_state():
     assert env.clone().step(worst).reward.total(1.0) < env.clone().step(best).reward.total(1.0)
     cands = [worst, best, best, worst]
     pol = ScriptedPolicy("shared", cands)
-    samples, episodes = tree_rollout([env], {"shared": pol}, {"tool": "shared", "plan": "shared"}, K=4,
-                                     temperature=1.0, max_new_tokens=8, alpha=1.0)
+    samples, episodes = tree_rollout([env], {"shared": pol}, {"tool": "shared", "plan": "shared"}, Sampling(K=4,
+                                     temperature=1.0, max_new_tokens=8, alpha=1.0))
     first = samples[:4]
     assert [s.selected for s in first] == [False, True, False, False]
     assert first[1].reward == first[2].reward
     _check_tree([env], samples, episodes, 4, 1.0, {"tool": "shared", "plan": "shared"})
     # identical candidates everywhere: branch 0 is kept at every node
     samples, _ = tree_rollout([env], {"shared": ScriptedPolicy("shared", ["RD"])},
-                              {"tool": "shared", "plan": "shared"}, K=3, temperature=1.0, max_new_tokens=8,
-                              alpha=1.0)
+                              {"tool": "shared", "plan": "shared"}, Sampling(K=3, temperature=1.0, max_new_tokens=8,
+                              alpha=1.0))
     assert all(s.selected == (s.branch == 0) for s in samples)
 
 
@@ -186,8 +186,8 @@ def test_next_prompt_shows_selected_position():
     env = _envs([4])[0]
     plan = ScriptedPolicy("p", ["zz", "D", "R", "U", "L"])
     tool = ScriptedPolicy("t", ["zz"] * 5)
-    samples, _ = tree_rollout([env], {"t": tool, "p": plan}, {"tool": "t", "plan": "p"}, K=5,
-                              temperature=1.0, max_new_tokens=8, alpha=1.0)
+    samples, _ = tree_rollout([env], {"t": tool, "p": plan}, {"tool": "t", "plan": "p"}, Sampling(K=5,
+                              temperature=1.0, max_new_tokens=8, alpha=1.0))
     nodes = _nodes(samples)[env.problem_id]
     assert len(nodes) >= 3, "problem 4 must not be solved in turn 0 for this test"
     tool0, plan0, tool1 = nodes[0], nodes[1], nodes[2]
@@ -217,8 +217,8 @@ def test_expert_candidate_solves_and_ends_episode():
 
     tool = ScriptedPolicy("t", script)
     plan = ScriptedPolicy("p", script)
-    samples, episodes = tree_rollout(envs, {"t": tool, "p": plan}, {"tool": "t", "plan": "p"}, K=3,
-                                     temperature=1.0, max_new_tokens=8, alpha=1.0)
+    samples, episodes = tree_rollout(envs, {"t": tool, "p": plan}, {"tool": "t", "plan": "p"}, Sampling(K=3,
+                                     temperature=1.0, max_new_tokens=8, alpha=1.0))
     _check_tree(envs, samples, episodes, 3, 1.0, {"tool": "t", "plan": "p"})
     assert all(ep.success and ep.turns == 1 for ep in episodes)
     assert len(samples) == len(envs) * 2 * 3  # one turn, two agents, K = 3
@@ -231,8 +231,8 @@ def test_expert_candidate_solves_and_ends_episode():
 def test_unknown_agent_raises():
     envs = _envs([0])
     with pytest.raises(KeyError, match="tool"):
-        tree_rollout(envs, {"p": ScriptedPolicy("p", ["R"])}, {"plan": "p"}, K=2, temperature=1.0,
-                     max_new_tokens=4, alpha=1.0)
+        tree_rollout(envs, {"p": ScriptedPolicy("p", ["R"])}, {"plan": "p"}, Sampling(K=2, temperature=1.0,
+                     max_new_tokens=4, alpha=1.0))
 
 
 # ---- real tiny policies ----------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def test_tree_real_policies(sharing):
         policies = {"tool_pol": _tiny("tool_pol", 1), "plan_pol": _tiny("plan_pol", 2)}
         a2p = {"tool": "tool_pol", "plan": "plan_pol"}
     K, T = 4, 1.0
-    samples, episodes = tree_rollout(envs, policies, a2p, K=K, temperature=T, max_new_tokens=8, alpha=0.7,
+    samples, episodes = tree_rollout(envs, policies, a2p, Sampling(K=K, temperature=T, max_new_tokens=8, alpha=0.7),
                                      generator=torch.Generator().manual_seed(0))
     _check_tree(envs, samples, episodes, K, 0.7, a2p)
     assert [vars(e) for e in envs] == snapshots
@@ -274,8 +274,8 @@ def test_trajectory_rollout_scripted():
     # a different action for every call and row, so the K trajectories differ
     counter = iter(range(10_000))
     pol = ScriptedPolicy("shared", lambda prompt, n, call, row: [moves[next(counter) % len(moves)] for _ in range(n)])
-    samples, episodes = trajectory_rollout(envs, {"shared": pol}, {"tool": "shared", "plan": "shared"}, K=K,
-                                           temperature=1.0, max_new_tokens=8, alpha=1.0)
+    samples, episodes = trajectory_rollout(envs, {"shared": pol}, {"tool": "shared", "plan": "shared"}, Sampling(K=K,
+                                           temperature=1.0, max_new_tokens=8, alpha=1.0))
     assert [vars(e) for e in envs] == snapshots
     assert len(episodes) == len(envs) * K
     assert [ep.problem for ep in episodes] == [e.problem_id for e in envs for _ in range(K)]  # problem-major
@@ -307,8 +307,8 @@ def test_trajectory_rollout_real_policy():
     envs = _envs(range(2))
     pol = _tiny("shared", 0)
     K = 3
-    samples, episodes = trajectory_rollout(envs, {"shared": pol}, {"tool": "shared", "plan": "shared"}, K=K,
-                                           temperature=1.0, max_new_tokens=6, alpha=1.0,
+    samples, episodes = trajectory_rollout(envs, {"shared": pol}, {"tool": "shared", "plan": "shared"}, Sampling(K=K,
+                                           temperature=1.0, max_new_tokens=6, alpha=1.0),
                                            generator=torch.Generator().manual_seed(1))
     assert len(episodes) == len(envs) * K
     for j, ep in enumerate(episodes):
@@ -334,8 +334,8 @@ def test_single_agent_single_turn_is_plain_grpo(real):
     # branch k answers cands[k]: in the tree (n = K per prompt) and in trajectory mode (n = 1, row = p * K + k)
     pol = _tiny("solo", 0) if real else ScriptedPolicy(
         "solo", lambda prompt, n, call, row: [cands[row % K]] if n == 1 else cands[:n])
-    samples, episodes = tree_rollout(envs, {"solo": pol}, {"plan": "solo"}, K=K, temperature=1.0,
-                                     max_new_tokens=6, alpha=1.0, generator=torch.Generator().manual_seed(2))
+    samples, episodes = tree_rollout(envs, {"solo": pol}, {"plan": "solo"}, Sampling(K=K, temperature=1.0,
+                                     max_new_tokens=6, alpha=1.0), generator=torch.Generator().manual_seed(2))
     assert len(samples) == len(envs) * K
     keys, uniq, adv = _advantages(samples, "problem_turn_agent")
     keys_p, uniq_p, adv_p = _advantages(samples, "problem")
@@ -347,8 +347,8 @@ def test_single_agent_single_turn_is_plain_grpo(real):
     if not real:
         assert (adv != 0).any()
     # and the trajectory runner gives the same groups (K independent single-step episodes per problem)
-    t_samples, _ = trajectory_rollout(envs, {"solo": pol}, {"plan": "solo"}, K=K, temperature=1.0,
-                                      max_new_tokens=6, alpha=1.0, generator=torch.Generator().manual_seed(2))
+    t_samples, _ = trajectory_rollout(envs, {"solo": pol}, {"plan": "solo"}, Sampling(K=K, temperature=1.0,
+                                      max_new_tokens=6, alpha=1.0), generator=torch.Generator().manual_seed(2))
     t_keys, t_uniq, t_adv = _advantages(t_samples, "problem_turn_agent")
     check_group_sizes(t_keys, K)
     assert t_uniq == uniq

@@ -172,7 +172,7 @@ def test_full_weight_sync_takes_effect_without_restart(l1):
     view = backend.views["shared"]
     prompts = _prompts(l1, seed=5)
     samples, _ = rollout(l1, 1)
-    assign_advantages(l1.cfg, samples)
+    assign_advantages(samples, l1.cfg.algo)
     before = {k: v.clone() for k, v in pol.model.state_dict().items()}
     batches = {"shared": [s for s in samples if not s.info["zero_variance"]] or samples}
     for s in batches["shared"]:  # make sure the update moves the weights whatever the rewards were
@@ -227,7 +227,7 @@ def _check_chat_tree(envs, samples, episodes, K, alpha, agent_to_policy, policie
 
 @pytest.mark.parametrize("engine", ["native", pytest.param("vllm", marks=needs_vllm)])
 def test_tree_invariants_with_both_engines(engine, request, hf_dir):
-    from atgrpo.rollout import tree_rollout
+    from atgrpo.rollout import Sampling, tree_rollout
 
     if engine == "vllm":
         state = request.getfixturevalue("l1")
@@ -236,8 +236,8 @@ def test_tree_invariants_with_both_engines(engine, request, hf_dir):
         state = _state(hf_dir, "policy.sharing=L1", "rollout.engine=native")
         policies = state.policies
     envs = [state.make_env("train", 100 + i) for i in range(3)]
-    samples, episodes = tree_rollout(envs, policies, state.agent_map, K=4, temperature=1.0, max_new_tokens=12,
-                                     alpha=1.0, generator=torch.Generator().manual_seed(0))
+    samples, episodes = tree_rollout(envs, policies, state.agent_map, Sampling(K=4, temperature=1.0, max_new_tokens=12,
+                                     alpha=1.0), generator=torch.Generator().manual_seed(0))
     _check_chat_tree(envs, samples, episodes, 4, 1.0, state.agent_map, policies)
     pol = state.policies["shared"]
     with torch.no_grad():  # the stored log-probs are the trainer's own (vllm: recomputed; native: sampled)

@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -130,17 +131,25 @@ def suppress_eos(model, eos_id: int = EOS, bias: float = -1e4):
     return head.register_forward_hook(lambda mod, inp, out: out + vec.to(out.dtype).to(out.device))
 
 
-def interleaved(methods: dict[str, Callable[[], object]], reps: int, warmup: int) -> dict[str, list[float]]:
-    """Seconds per call of each method; every repetition runs all methods, order rotated; warm-ups dropped."""
+def interleaved(methods: dict[str, Callable[[], object]], reps: int, warmup: int,
+                progress_after: float = 2.0) -> dict[str, list[float]]:
+    """Seconds per call of each method; every repetition runs all methods, order rotated; warm-ups dropped.
+    A repetition that takes longer than ``progress_after`` seconds is reported on stderr (real models: minutes)."""
     names = list(methods)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + reps):
         shift = r % len(names)
+        took = {}
         for n in names[shift:] + names[:shift]:
             t = time.perf_counter()
             methods[n]()
+            took[n] = time.perf_counter() - t
             if r >= warmup:
-                times[n].append(time.perf_counter() - t)
+                times[n].append(took[n])
+        if sum(took.values()) > progress_after:
+            what = "warm-up" if r < warmup else f"rep {r - warmup + 1}/{reps}"
+            print(f"bench: {what}: " + ", ".join(f"{n} {s:.1f}s" for n, s in took.items()), file=sys.stderr,
+                  flush=True)
     return times
 
 

@@ -126,7 +126,7 @@ def _train_step_seconds(engine: str, model_path: str | None, preset: str | None,
         state.backend = VLLMBackend(cfg, state)
     try:
         train_step(state, 1)
-        m, _ = train_step(state, 2)
+        m = train_step(state, 2).metrics()
     finally:
         state.backend.close()
     out = {"step_s": m["time/step"], "rollout_s": m["time/rollout"], "update_s": m["time/update"],

@@ -25,6 +25,8 @@ class Sample:
     finished: bool  # the response ended with EOS
     info: dict[str, Any] = field(default_factory=dict)
     episode_return: float | None = None  # trajectory mode: summed reward of its whole trajectory
+    score: float = 0.0  # what its advantage is computed from, set by the rollout: ``reward`` (tree) or
+    # ``episode_return`` (trajectory: classic GRPO)
     group: str = ""  # filled by the trainer
     advantage: float = 0.0  # filled by the trainer
     temperature: float | None = None  # the sampling temperature (the loss scores under the same one)

@@ -20,6 +20,8 @@ import os
 import re
 from typing import Any, Callable, Sequence
 
+from ..rollout.sampling import Sampling
+
 # name -> (environment, its kwargs, what it is)
 BENCHMARKS: dict[str, tuple[str, dict[str, Any], str]] = {
     "humaneval": ("code", {"dataset": "humaneval"}, "HumanEval, 164 problems (coder + tester)"),
@@ -82,23 +84,22 @@ def fixed_size(env) -> int | None:
 
 
 def run_benchmark(make_env: Callable[[str, int], Any], policies: dict, agent_to_policy: dict[str, str],
-                  problems: int, n: int, ks: Sequence[int], temperature: float, max_new_tokens: int, alpha: float,
-                  seed: int = 0, per_agent: dict | None = None) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """n episodes on each of the evaluation problems 0..problems-1; returns the metrics (pass@k for each k,
-    success_rate over all episodes, problems, samples) and one transcript record per episode."""
+                  problems: int, ks: Sequence[int], sampling: Sampling, seed: int = 0
+                  ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """n = ``sampling.K`` episodes on each of the evaluation problems 0..problems-1; returns the metrics (pass@k
+    for each k, success_rate over all episodes, problems, samples) and one transcript record per episode."""
     import torch
 
     from ..rollout.tree import trajectory_rollout
 
-    gen = torch.Generator().manual_seed(seed)
+    gen, n = torch.Generator().manual_seed(seed), sampling.K
     per_problem = max(1, EVAL_ROWS // n)
     correct: list[int] = []
     records: list[dict[str, Any]] = []
     for start in range(0, problems, per_problem):
         seeds = list(range(start, min(problems, start + per_problem)))
         envs = [make_env("eval", s) for s in seeds]
-        _, episodes = trajectory_rollout(envs, policies, agent_to_policy, n, temperature, max_new_tokens, alpha,
-                                         gen, per_agent=per_agent)
+        _, episodes = trajectory_rollout(envs, policies, agent_to_policy, sampling, gen)
         for i, s in enumerate(seeds):
             eps = episodes[i * n:(i + 1) * n]
             correct.append(sum(bool(e.success) for e in eps))
@@ -147,8 +148,8 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
     import copy
 
     from .checkpoint import one_line
-    from .run import eval_per_agent, load_eval_state
-    from .setup import env_factory
+    from .run import load_eval_state
+    from .setup import env_factory, eval_sampling
 
     if n < 1:
         raise BenchmarkError(f"--n {n} must be >= 1 (samples per problem)")
@@ -196,8 +197,8 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
     for name, spec, env_name, kwargs, make_env, amap, count, size in plans:
         if progress:
             print(f"atgrpo eval: {name}: {count} problems x {n} samples (temperature {temp:g})", flush=True)
-        metrics, records = run_benchmark(make_env, state.policies, amap, count, n, ks, temp,
-                                         cfg.rollout.max_new_tokens, cfg.algo.alpha, cfg.seed, eval_per_agent(cfg))
+        metrics, records = run_benchmark(make_env, state.policies, amap, count, ks,
+                                         eval_sampling(cfg, K=n, temperature=temp), cfg.seed)
         result = {"benchmark": spec, "env": env_name, "env_kwargs": kwargs, "style": cfg.env.style,
                   "sharing": cfg.policy.sharing, "n": n, "k": ks, "temperature": temp, "distinct_problems": size,
                   "target": target, "metrics": metrics}

@@ -20,7 +20,8 @@ import random
 import shutil
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import yaml
@@ -33,7 +34,7 @@ from .checkpoint import (CHECKPOINT_DIR, LOCK_FILE, Checkpoint, ResumeError, Run
                          write_dir_atomically)
 from .evaluate import evaluate
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
-from .setup import agent_to_policy, build_policies, env_factory
+from .setup import agent_to_policy, build_policies, env_factory, eval_sampling
 from .step import TrainState, train_step
 from .update import make_optimizer
 from .warmstart import warm_start
@@ -71,14 +72,9 @@ def build_state(cfg: Config) -> TrainState:
 
 
 def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
+    """Held-out metrics and episodes of the state's policies (``eval.problems`` problems, ``eval_sampling``)."""
     cfg = state.cfg
-    return evaluate(state.make_env, state.policies, state.agent_map, cfg.eval.problems, cfg.eval.temperature,
-                    cfg.rollout.max_new_tokens, cfg.algo.alpha, seed, per_agent=eval_per_agent(cfg))
-
-
-def eval_per_agent(cfg: Config) -> dict[str, dict[str, Any]]:
-    """The roles' own max_new_tokens and stop strings for evaluation (which samples at eval.temperature)."""
-    return {role: {k: v for k, v in spec.items() if k != "temperature"} for role, spec in cfg.rollout.per_agent.items()}
+    return evaluate(state.make_env, state.policies, state.agent_map, cfg.eval.problems, eval_sampling(cfg), seed)
 
 
 def check_model_path(cfg: Config) -> None:
@@ -150,16 +146,99 @@ def _ray_note(cfg: Config, state: TrainState) -> str | None:
     return ray_note(cfg, len(state.policies), local_ray_cpus(cfg.trainer.ray))
 
 
+@dataclass
+class Run:
+    """A training run in progress: its state, where its outputs go, and everything its steps have produced so
+    far (what a checkpoint holds besides the weights)."""
+
+    cfg: Config
+    run_dir: str
+    state: TrainState
+    logger: MetricsLogger
+    summary: dict[str, Any]
+    before: dict[str, float]  # held-out metrics before training
+    rows: list[dict[str, Any]] = field(default_factory=list)  # the metrics rows, one per step
+    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out success rate)
+    nonfinite: int = 0  # updates skipped for a non-finite loss or gradient, all steps
+    saved: int | None = None  # the step of the newest checkpoint on disk
+    say: Callable[..., None] = print
+
+    def checkpoint(self) -> str:
+        self.state.backend.pull_state(self.state)  # Ray: the optimizer states live on the update workers
+        path = save_checkpoint(self.run_dir, self.state, {
+            "rows": self.rows, "evals": self.evals, "eval_before": self.before, "warmstart_done": True,
+            "warmstart": self.summary.get("warmstart"), "nonfinite": self.nonfinite}, self.cfg.train.keep_checkpoints)
+        self.saved = self.state.step
+        return path
+
+    def log(self, step: int, metrics: dict[str, Any], samples: list) -> None:
+        """One metrics row (metrics.jsonl, the loggers, the console), and the step's rollouts if it is dumped."""
+        metrics["perf/rss_mb"] = rss_mb()
+        self.logger.log(step, metrics)
+        self.rows.append({"step": step, **metrics})
+        self.say(step_line(self.rows[-1]))
+        if step in (set(self.cfg.train.dump_rollouts) or {1, self.cfg.train.steps}):
+            with open(os.path.join(self.run_dir, "rollouts", f"step_{step}.jsonl"), "w") as f:
+                for s in samples:
+                    f.write(json.dumps(s.dump()) + "\n")
+
+    def count_nonfinite(self, step: int, skipped: int) -> None:
+        """Add a step's skipped updates; warn, and stop the run past ``train.max_nonfinite``."""
+        self.nonfinite += skipped
+        if skipped:
+            _warn(f"atgrpo: warning: step {step}: {skipped} update(s) skipped for a non-finite loss or gradient "
+                  f"({self.nonfinite} so far; the run stops at train.max_nonfinite={self.cfg.train.max_nonfinite})")
+        if self.nonfinite >= self.cfg.train.max_nonfinite:
+            last = latest_checkpoint(self.run_dir)
+            raise NonFiniteError(
+                f"stopped at step {step}: {self.nonfinite} updates were skipped for a non-finite loss or gradient "
+                f"(train.max_nonfinite={self.cfg.train.max_nonfinite}); last good checkpoint: "
+                f"{last.path if last else 'none'}. Lower algo.lr, use model.dtype=float32, or raise "
+                f"train.max_nonfinite")
+
+
 def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal,
            started: list[bool]) -> dict[str, Any]:
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
+    cfg = _set_threads(cfg, say)
+    opened = _open(cfg, run_dir, resume, started, say, progress)
+    if isinstance(opened, dict):  # the run had already finished
+        return opened
+    run = opened
+    try:
+        _start_backend(run)
+        _loop(run, stop)
+        if run.saved != run.state.step:  # the end of the run (train.steps=0) or a stop before the next scheduled one
+            run.checkpoint()
+        if stop.requested:
+            raise TrainingInterrupted(run.state.step, os.path.join(run_dir, CHECKPOINT_DIR, f"step_{run.state.step}"),
+                                      run_dir)
+        after, episodes = run_eval(run.state, cfg.seed)
+        run.evals.append((cfg.train.steps, after["success_rate"]))
+        run.logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+    finally:
+        run.logger.close()
+        run.state.backend.close()
+    return _finish(run, after, episodes, start)
+
+
+def _set_threads(cfg: Config, say: Callable[..., None]) -> Config:
+    """torch's CPU threads for this run; ``train.threads=0`` is resolved and recorded in the returned config
+    (config.yaml), so a resumed run uses the same count and writes the same rows."""
     threads, why = choose_threads(cfg.train.threads)
     torch.set_num_threads(threads)
-    if not cfg.train.threads:  # config.yaml records the choice: a resumed run uses the same count (exact rows)
+    if not cfg.train.threads:
         cfg = copy.deepcopy(cfg)
         cfg.train.threads = threads
     say(f"atgrpo: threads={threads} ({why}; set train.threads=N to choose)")
+    return cfg
+
+
+def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Callable[..., None],
+          progress: bool) -> Run | dict[str, Any]:
+    """Build the state and either restore the newest checkpoint (resume) or warm-start and evaluate (fresh run);
+    returns the run, or the summary of a resumed run that had already finished."""
     if not resume and (os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
                        or os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR))):
         raise RunError(f"{run_dir} already holds a run; continue it with `atgrpo train --resume {run_dir}` "
@@ -190,113 +269,83 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
         if note:
             say(note)
     summary: dict[str, Any] = {"run_dir": run_dir, "steps": cfg.train.steps, "agent_to_policy": state.agent_map}
-
     if ckpt is not None:  # resume: everything the steps so far produced comes from the checkpoint
         if cfg.algo.kl_coef > 0:
             state.references = load_references(run_dir, state)
-        rows, evals, before = prog["rows"], [tuple(e) for e in prog["evals"]], prog["eval_before"]
         if prog.get("warmstart") is not None:
             summary["warmstart"] = prog["warmstart"]
-        nonfinite = int(prog.get("nonfinite", 0))
         summary["resumed_from_step"] = ckpt.step
-        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=rows, purge_step=ckpt.step + 1,
+        summary["eval_before"] = prog["eval_before"]
+        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=prog["rows"], purge_step=ckpt.step + 1,
                                logging=cfg.logging, params=cfg.to_dict())
         say(f"resumed from {ckpt.path} (step {ckpt.step} of {cfg.train.steps})")
-    else:
-        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None,
-                               logging=cfg.logging, params=cfg.to_dict())
-        if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
-            t = time.time()
-            losses = warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
-            summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
-            say(f"warm start done in {time.time() - t:.0f}s; final loss " +
-                ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
-        if cfg.algo.kl_coef > 0:
-            state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
-            save_references(run_dir, state)
-        before, _ = run_eval(state, cfg.seed)
-        say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
-        rows, evals, nonfinite = [], [(0, before["success_rate"])], 0
+        return Run(cfg, run_dir, state, logger, summary, prog["eval_before"], prog["rows"],
+                   [tuple(e) for e in prog["evals"]], int(prog.get("nonfinite", 0)), ckpt.step, say)
+    logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None,
+                           logging=cfg.logging, params=cfg.to_dict())
+    if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
+        t = time.time()
+        losses = warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
+        summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
+        say(f"warm start done in {time.time() - t:.0f}s; final loss " +
+            ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
+    if cfg.algo.kl_coef > 0:
+        state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
+        save_references(run_dir, state)
+    before, _ = run_eval(state, cfg.seed)
+    say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
     summary["eval_before"] = before
+    return Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say)
 
-    def checkpoint() -> str:
-        state.backend.pull_state(state)  # Ray: the optimizer states live on the update workers
-        return save_checkpoint(run_dir, state, {
-            "rows": rows, "evals": evals, "eval_before": before, "warmstart_done": True,
-            "warmstart": summary.get("warmstart"), "nonfinite": nonfinite}, cfg.train.keep_checkpoints)
 
-    if cfg.trainer.backend == "ray":  # workers start after the warm start, which runs in this process
+def _start_backend(run: Run) -> None:
+    """Ray workers and vLLM engines start after the warm start (or the resume), with its weights."""
+    cfg, state = run.cfg, run.state
+    if cfg.trainer.backend == "ray":
         from .ray.driver import RayBackend
 
         state.backend = RayBackend(cfg)
-    elif cfg.rollout.engine == "vllm":  # engines start after the warm start (or resume), with its weights
+    elif cfg.rollout.engine == "vllm":
         from .vllm_backend import VLLMBackend
 
         state.backend = VLLMBackend(cfg, state)
-    try:
-        dump = set(cfg.train.dump_rollouts) or {1, cfg.train.steps}
-        every = cfg.train.checkpoint_every
-        saved = ckpt.step if ckpt is not None else None  # the step of the newest checkpoint on disk
-        for step in range(state.step + 1, cfg.train.steps + 1):
-            if stop.requested:
-                break
-            metrics, samples = train_step(state, step)
-            state.step = step
-            skipped = int(sum(v for k, v in metrics.items() if k.startswith("update/")
-                              and k.endswith("/skipped_nonfinite")))
-            nonfinite += skipped
-            metrics["update/skipped_nonfinite_total"] = float(nonfinite)
-            if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
-                ev, _ = run_eval(state, cfg.seed)
-                metrics.update({f"eval/{k}": v for k, v in ev.items()})
-                evals.append((step, ev["success_rate"]))
-            metrics["perf/rss_mb"] = rss_mb()
-            logger.log(step, metrics)
-            rows.append({"step": step, **metrics})
-            say(step_line(rows[-1]))
-            if step in dump:
-                with open(os.path.join(run_dir, "rollouts", f"step_{step}.jsonl"), "w") as f:
-                    for s in samples:
-                        f.write(json.dumps(s.dump()) + "\n")
-            del samples
-            if skipped:
-                print(f"atgrpo: warning: step {step}: {skipped} update(s) skipped for a non-finite loss or gradient "
-                      f"({nonfinite} so far; the run stops at train.max_nonfinite={cfg.train.max_nonfinite})",
-                      file=sys.stderr, flush=True)
-            if nonfinite >= cfg.train.max_nonfinite:
-                last = latest_checkpoint(run_dir)
-                raise NonFiniteError(
-                    f"stopped at step {step}: {nonfinite} updates were skipped for a non-finite loss or gradient "
-                    f"(train.max_nonfinite={cfg.train.max_nonfinite}); last good checkpoint: "
-                    f"{last.path if last else 'none'}. Lower algo.lr, use model.dtype=float32, or raise "
-                    f"train.max_nonfinite")
-            if (every and step % every == 0) or step == cfg.train.steps:
-                checkpoint()
-                saved = step
-        if saved != state.step:  # the end of the run (train.steps=0) or a stop before the next scheduled one
-            checkpoint()
-            saved = state.step
-        if stop.requested:
-            raise TrainingInterrupted(state.step, os.path.join(run_dir, CHECKPOINT_DIR, f"step_{state.step}"),
-                                      run_dir)
 
-        after, episodes = run_eval(state, cfg.seed)
-        evals.append((cfg.train.steps, after["success_rate"]))
-        logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
-    finally:
-        logger.close()
-        state.backend.close()
+
+def _loop(run: Run, stop: StopOnSignal) -> None:
+    """The training loop: a step, its metrics (and the held-out evaluation when due), a checkpoint when due."""
+    cfg, state = run.cfg, run.state
+    for step in range(state.step + 1, cfg.train.steps + 1):
+        if stop.requested:
+            break
+        result = train_step(state, step)
+        state.step = step
+        metrics, skipped = result.metrics(), result.skipped_nonfinite
+        metrics["update/skipped_nonfinite_total"] = float(run.nonfinite + skipped)
+        if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
+            ev, _ = run_eval(state, cfg.seed)
+            metrics.update({f"eval/{k}": v for k, v in ev.items()})
+            run.evals.append((step, ev["success_rate"]))
+        run.log(step, metrics, result.samples)
+        del result  # the samples: free them before the checkpoint
+        run.count_nonfinite(step, skipped)
+        if (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0) or step == cfg.train.steps:
+            run.checkpoint()
+
+
+def _finish(run: Run, after: dict[str, float], episodes: list, start: float) -> dict[str, Any]:
+    """The final outputs: evaluation transcripts, the final policies, the plot and summary.json."""
+    cfg, run_dir, summary = run.cfg, run.run_dir, run.summary
     atomic_write_text(os.path.join(run_dir, "eval_transcripts.jsonl"), "".join(
         json.dumps({"problem": e.problem, "success": e.success, "transcript": e.transcript}) + "\n"
         for e in episodes[:50]))
     summary["eval_after"] = after
     summary["wall_seconds"] = time.time() - start
-    write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(state, d))
-    if cfg.train.plot and rows:
-        summary["plot"] = plot_curves(run_dir, rows, evals)
+    write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(run.state, d))
+    if cfg.train.plot and run.rows:
+        summary["plot"] = plot_curves(run_dir, run.rows, run.evals)
     atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
-    say(f"eval after: success {after['success_rate']:.3f} (before {before['success_rate']:.3f}); "
-        f"{summary['wall_seconds']:.0f}s; outputs in {run_dir}")
+    run.say(f"eval after: success {after['success_rate']:.3f} (before {run.before['success_rate']:.3f}); "
+            f"{summary['wall_seconds']:.0f}s; outputs in {run_dir}")
     return summary
 
 

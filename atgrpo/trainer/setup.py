@@ -17,6 +17,7 @@ import torch
 from ..config import Config, ConfigError
 from ..envs import MultiAgentEnv, make
 from ..policies import ByteTokenizer, CausalLMPolicy, build_tiny_model
+from ..rollout.sampling import Sampling
 
 
 def env_factory(cfg: Config) -> Callable[[str, int], MultiAgentEnv]:
@@ -98,3 +99,19 @@ def problem_seed(run_seed: int, step: int, index: int, per_step: int) -> int:
     """The data sampler: training problem ``index`` of ``step``. Deterministic, so a resumed run sees the
     same problems; distinct across steps."""
     return run_seed * 10_000_019 + step * per_step + index
+
+
+def train_sampling(cfg: Config) -> Sampling:
+    """The training rollout's sampling: ``rollout.K`` candidates per node at ``rollout.temperature``, the roles'
+    own settings of ``rollout.per_agent``."""
+    r = cfg.rollout
+    return Sampling(r.K, r.temperature, r.max_new_tokens, cfg.algo.alpha, r.per_agent)
+
+
+def eval_sampling(cfg: Config, K: int = 1, temperature: float | None = None) -> Sampling:
+    """Evaluation's sampling: ``K`` episodes per problem at ``eval.temperature`` (or ``temperature``); the roles'
+    own max_new_tokens and stop strings apply, their training temperatures do not."""
+    per_agent = {role: {k: v for k, v in spec.items() if k != "temperature"}
+                 for role, spec in cfg.rollout.per_agent.items()}
+    return Sampling(K, cfg.eval.temperature if temperature is None else temperature, cfg.rollout.max_new_tokens,
+                    cfg.algo.alpha, per_agent)

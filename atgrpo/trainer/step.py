@@ -17,13 +17,13 @@ import torch
 
 from ..algorithms.advantages import grouped_advantages
 from ..algorithms.grouping import check_group_sizes, group_index, group_key_fn, key_str
-from ..config import Config
+from ..config import AlgoConfig, Config
 from ..envs import MultiAgentEnv
 from ..policies.causal_lm import CausalLMPolicy
 from ..rollout.records import EpisodeResult, Sample
 from ..rollout.tree import step_clones, trajectory_rollout, tree_rollout
-from .setup import problem_seed
-from .update import update_policy
+from .setup import problem_seed, train_sampling
+from .update import UpdateStats, update_policy
 
 
 class LocalBackend:
@@ -64,25 +64,65 @@ class TrainState:
     backend: Any = field(default_factory=LocalBackend)  # where rollout, env steps and updates run
 
 
+@dataclass
+class StepResult:
+    """What one train step produced: the samples (advantages filled) and kept episodes, each policy's update
+    statistics, the group statistics, the backend's own metrics and the timings (seconds). ``metrics()`` turns
+    it into the flat metric names of metrics.jsonl, in this one place."""
+
+    samples: list[Sample]
+    episodes: list[EpisodeResult]
+    groups: dict[str, float]  # group/* and adv/* (``assign_advantages``)
+    updates: dict[str, UpdateStats]  # policy id -> its update
+    backend: dict[str, float]  # the backend's metrics (Ray: ray/*)
+    timings: dict[str, float]  # rollout, advantages, update, step
+
+    @property
+    def skipped_nonfinite(self) -> int:
+        """Optimizer steps skipped in this step for a non-finite loss or gradient, over all policies."""
+        return sum(u.skipped_nonfinite for u in self.updates.values())
+
+    def metrics(self) -> dict[str, float]:
+        m = dict(self.groups)
+        for pid, u in self.updates.items():
+            for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "samples", "optimizer_steps", "skipped_nonfinite"):
+                m[f"update/{pid}/{k}"] = float(getattr(u, k))
+        m.update(rollout_metrics(self.samples, self.episodes))
+        m.update(self.backend)
+        weight = sum(float(u.samples) for u in self.updates.values())
+        for k in ("loss", "clipfrac", "approx_kl"):  # sample-weighted over policies
+            m[f"loss/{'pg' if k == 'loss' else k}"] = (
+                sum(float(getattr(u, k)) * u.samples for u in self.updates.values()) / max(1.0, weight))
+        gen_tokens = sum(len(s.response_ids) for s in self.samples)
+        upd_tokens = sum(u.tokens for u in self.updates.values())
+        t = self.timings
+        m["perf/rollout_tokens_per_s"] = gen_tokens / max(1e-9, t["rollout"])
+        m["perf/update_tokens_per_s"] = upd_tokens / max(1e-9, t["update"])
+        m["perf/tokens_per_s"] = (gen_tokens + upd_tokens) / max(1e-9, t["step"])
+        m.update({f"time/{k}": v for k, v in t.items()})
+        return m
+
+
 def rollout(state: TrainState, step: int) -> tuple[list[Sample], list[EpisodeResult]]:
+    """This step's training problems, sampled by the configured rollout (tree: AT-GRPO; trajectory: GRPO)."""
     cfg = state.cfg
     P = cfg.rollout.problems_per_step
     envs = [state.make_env("train", problem_seed(cfg.seed, step, i, P)) for i in range(P)]
     run = tree_rollout if cfg.rollout.mode == "tree" else trajectory_rollout
-    return run(envs, state.backend.rollout_policies(state), state.agent_map, cfg.rollout.K, cfg.rollout.temperature,
-               cfg.rollout.max_new_tokens, cfg.algo.alpha, state.generator, step_envs=state.backend.step_envs,
-               per_agent=cfg.rollout.per_agent)
+    return run(envs, state.backend.rollout_policies(state), state.agent_map, train_sampling(cfg), state.generator,
+               step_envs=state.backend.step_envs)
 
 
-def assign_advantages(cfg: Config, samples: list[Sample]) -> dict[str, float]:
-    """Group the samples, fill ``advantage`` and ``group``; return group statistics. Tree mode scores each
-    sample by its immediate reward; trajectory mode by its trajectory's return (classic GRPO)."""
-    keys = [group_key_fn(cfg.algo.group_key)(s) for s in samples]
-    if cfg.rollout.mode == "tree" and cfg.algo.group_key == "problem_turn_agent":
-        check_group_sizes(keys, cfg.rollout.K)
+def assign_advantages(samples: list[Sample], algo: AlgoConfig, group_size: int | None = None) -> dict[str, float]:
+    """Group the samples by ``algo.group_key``, fill ``advantage`` (from each sample's ``score``, which the
+    rollout set) and ``group``; return group statistics. ``group_size``: every group must have exactly this
+    many members (the tree's K per node: a smaller group means the grouping is wrong)."""
+    keys = [group_key_fn(algo.group_key)(s) for s in samples]
+    if group_size is not None:
+        check_group_sizes(keys, group_size)
     ids, uniq = group_index(keys)
-    rewards = torch.tensor([s.reward if cfg.rollout.mode == "tree" else s.episode_return for s in samples])
-    adv, zero_var = grouped_advantages(rewards, torch.tensor(ids), cfg.algo.std_normalize)
+    adv, zero_var = grouped_advantages(torch.tensor([s.score for s in samples]), torch.tensor(ids),
+                                       algo.std_normalize)
     for s, a, k, z in zip(samples, adv.tolist(), keys, zero_var.tolist()):
         s.advantage, s.group = a, key_str(k)
         s.info["zero_variance"] = z
@@ -93,41 +133,26 @@ def assign_advantages(cfg: Config, samples: list[Sample]) -> dict[str, float]:
             "adv/abs_mean": float(adv.abs().mean())}
 
 
-def train_step(state: TrainState, step: int) -> tuple[dict[str, Any], list[Sample]]:
+def train_step(state: TrainState, step: int) -> StepResult:
+    """Rollout -> advantages -> each policy's update on its own samples."""
     cfg, timings = state.cfg, {}
     t0 = time.perf_counter()
-
     samples, episodes = rollout(state, step)
-    timings["time/rollout"] = time.perf_counter() - t0
+    timings["rollout"] = time.perf_counter() - t0
 
     t = time.perf_counter()
-    metrics = assign_advantages(cfg, samples)
-    timings["time/advantages"] = time.perf_counter() - t
+    exact_groups = cfg.rollout.mode == "tree" and cfg.algo.group_key == "problem_turn_agent"
+    groups = assign_advantages(samples, cfg.algo, cfg.rollout.K if exact_groups else None)
+    timings["advantages"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    tokens = 0
     batches = {pid: [s for s in samples if s.policy == pid
                      and not (cfg.algo.filter_zero_variance and s.info["zero_variance"])] for pid in state.policies}
-    for pid, upd in state.backend.update(state, batches).items():
-        tokens += upd.tokens
-        for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "samples", "optimizer_steps", "skipped_nonfinite"):
-            metrics[f"update/{pid}/{k}"] = float(getattr(upd, k))
-    timings["time/update"] = time.perf_counter() - t
-
-    metrics.update(rollout_metrics(samples, episodes))
-    metrics.update(state.backend.step_metrics())
-    pids = list(state.policies)
-    for k in ("loss", "clipfrac", "approx_kl"):  # sample-weighted over policies
-        w = [metrics[f"update/{p}/samples"] for p in pids]
-        metrics[f"loss/{'pg' if k == 'loss' else k}"] = (
-            sum(metrics[f"update/{p}/{k}"] * wi for p, wi in zip(pids, w)) / max(1.0, sum(w)))
-    timings["time/step"] = time.perf_counter() - t0
-    gen_tokens = sum(len(s.response_ids) for s in samples)
-    metrics["perf/rollout_tokens_per_s"] = gen_tokens / max(1e-9, timings["time/rollout"])
-    metrics["perf/update_tokens_per_s"] = tokens / max(1e-9, timings["time/update"])
-    metrics["perf/tokens_per_s"] = (gen_tokens + tokens) / max(1e-9, timings["time/step"])
-    metrics.update(timings)
-    return metrics, samples
+    updates = state.backend.update(state, batches)
+    timings["update"] = time.perf_counter() - t
+    backend = state.backend.step_metrics()
+    timings["step"] = time.perf_counter() - t0
+    return StepResult(samples, episodes, groups, updates, backend, timings)
 
 
 def rollout_metrics(samples: list[Sample], episodes: list[EpisodeResult]) -> dict[str, float]:
