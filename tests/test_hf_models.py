@@ -89,7 +89,7 @@ def _hf(hf_dir, *extra):
 # ---- (b) L2 invariants on the tiny model ------------------------------------------------------------------
 def test_l2_one_frozen_base_one_adapter_per_role_and_optimizers_hold_only_their_adapter():
     st = _state("policy.sharing=L2")
-    assert st.agent_map == {"tool": "tool", "plan": "plan"}
+    assert st.agent_to_policy == {"tool": "tool", "plan": "plan"}
     shared = st.policies["tool"].model.peft
     assert st.policies["plan"].model.peft is shared
     params = dict(shared.named_parameters())
@@ -352,7 +352,7 @@ def test_warmstart_answers_are_tokenised_as_rollouts_without_bos(hf_bos_dir):
     st = build_state(cfg)
     pol = st.policies["shared"]
     assert pol.tokenizer("12")["input_ids"][0] == pol.tokenizer.bos_token_id  # the tokenizer does add BOS
-    demos = collect_demonstrations(st.make_env, st.agent_map, st.policies, cfg.warmstart, cfg.seed)["shared"]
+    demos = collect_demonstrations(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed)["shared"]
     assert len(demos) >= 6  # 3 episodes, tool and reasoner each act at least once
     for prompt_ids, answer_ids in demos:
         assert pol.tokenizer.bos_token_id not in answer_ids
@@ -396,12 +396,12 @@ def test_warmstart_of_a_hf_model_lowers_its_loss_and_l2_trains_each_adapter_on_i
     model = model.peft if sharing == "L2" else model
     before = _snapshot(model)
     if sharing == "L2":
-        demos = collect_demonstrations(st.make_env, st.agent_map, st.policies, cfg.warmstart, cfg.seed)
+        demos = collect_demonstrations(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed)
         for role, pairs in demos.items():  # each adapter's demonstrations are its own role's prompts
             pol = st.policies[role]
             assert pairs and all(f"You are the {'tool' if role == 'tool' else 'reasoning'} agent"
                                  in pol.tokenizer.decode(p) for p, _ in pairs)
-    losses = warm_start(st.make_env, st.agent_map, st.policies, cfg.warmstart, cfg.seed, progress=False)
+    losses = warm_start(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed, progress=False)
     assert set(losses) == set(st.policies)
     for pid, curve in losses.items():
         assert len(curve) == 8 and curve[-1] < curve[0] - 0.15, (pid, curve)  # from ~ln(vocab) = 5.6 nats

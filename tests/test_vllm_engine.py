@@ -236,9 +236,10 @@ def test_tree_invariants_with_both_engines(engine, request, hf_dir):
         state = _state(hf_dir, "policy.sharing=L1", "rollout.engine=native")
         policies = state.policies
     envs = [state.make_env("train", 100 + i) for i in range(3)]
-    samples, episodes = tree_rollout(envs, policies, state.agent_map, Sampling(K=4, temperature=1.0, max_new_tokens=12,
-                                     alpha=1.0), generator=torch.Generator().manual_seed(0))
-    _check_chat_tree(envs, samples, episodes, 4, 1.0, state.agent_map, policies)
+    samples, episodes = tree_rollout(envs, policies, state.agent_to_policy,
+                                     Sampling(K=4, temperature=1.0, max_new_tokens=12, alpha=1.0),
+                                     generator=torch.Generator().manual_seed(0))
+    _check_chat_tree(envs, samples, episodes, 4, 1.0, state.agent_to_policy, policies)
     pol = state.policies["shared"]
     with torch.no_grad():  # the stored log-probs are the trainer's own (vllm: recomputed; native: sampled)
         logp, _ = pol.response_logprobs([s.prompt_ids for s in samples], [s.response_ids for s in samples], 1.0)

@@ -167,7 +167,7 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
         raise BenchmarkError(f"--n {n} samples at temperature 0 are identical; give --temperature > 0 (e.g. 0.8) "
                              f"for pass@k from several samples, or --n 1 for greedy pass@1")
     plans = []
-    policy_ids = sorted(set(state.agent_map.values()))
+    policy_ids = sorted(set(state.agent_to_policy.values()))
     for spec in specs:
         name, env_name, kwargs = resolve(spec, (cfg.env.name, cfg.env.kwargs))
         bcfg = copy.deepcopy(cfg)
@@ -178,26 +178,26 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
         except Exception as e:
             raise BenchmarkError(f"benchmark {spec!r} ({env_name}, {kwargs}) cannot be built: {one_line(e)}") from None
         if len(policy_ids) == 1:
-            amap = {a: policy_ids[0] for a in probe.agents}
-        elif set(probe.agents) <= set(state.agent_map):
-            amap = {a: state.agent_map[a] for a in probe.agents}
+            agent_to_policy = {a: policy_ids[0] for a in probe.agents}
+        elif set(probe.agents) <= set(state.agent_to_policy):
+            agent_to_policy = {a: state.agent_to_policy[a] for a in probe.agents}
         else:
             raise BenchmarkError(f"benchmark {spec!r} has agents {', '.join(probe.agents)}; this run's policies serve "
-                                 f"{', '.join(state.agent_map)} ({cfg.policy.sharing}: one policy per role)")
+                                 f"{', '.join(state.agent_to_policy)} ({cfg.policy.sharing}: one policy per role)")
         size = fixed_size(probe)
         count = problems or cfg.eval.problems
         count = min(count, size) if size is not None else count  # a fixed set: each problem once
-        plans.append((name, spec, env_name, kwargs, make_env, amap, count, size))
+        plans.append((name, spec, env_name, kwargs, make_env, agent_to_policy, count, size))
     names = [p[0] for p in plans]
     if len(set(names)) != len(names):
         raise BenchmarkError(f"--benchmarks names a benchmark twice: {', '.join(names)}")
     out_dir = out or (os.path.join(target, "eval") if os.path.isdir(target) else "eval_out")
     os.makedirs(out_dir, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
-    for name, spec, env_name, kwargs, make_env, amap, count, size in plans:
+    for name, spec, env_name, kwargs, make_env, agent_to_policy, count, size in plans:
         if progress:
             print(f"atgrpo eval: {name}: {count} problems x {n} samples (temperature {temp:g})", flush=True)
-        metrics, records = run_benchmark(make_env, state.policies, amap, count, ks,
+        metrics, records = run_benchmark(make_env, state.policies, agent_to_policy, count, ks,
                                          eval_sampling(cfg, K=n, temperature=temp), cfg.seed)
         result = {"benchmark": spec, "env": env_name, "env_kwargs": kwargs, "style": cfg.env.style,
                   "sharing": cfg.policy.sharing, "n": n, "k": ks, "temperature": temp, "distinct_problems": size,

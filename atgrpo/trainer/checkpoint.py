@@ -221,7 +221,7 @@ def _save_one(state: "TrainState", pid: str, policy, d: str) -> None:
         policy.tokenizer.save_pretrained(d)
     with open(os.path.join(d, "atgrpo_policy.json"), "w") as f:
         json.dump({"policy": pid, "tokenizer": type(policy.tokenizer).__name__,
-                   "agents": [a for a, p in state.agent_map.items() if p == pid]}, f, indent=1)
+                   "agents": [a for a, p in state.agent_to_policy.items() if p == pid]}, f, indent=1)
 
 
 def load_model_weights(model: torch.nn.Module, path: str) -> None:

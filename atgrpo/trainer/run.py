@@ -34,7 +34,7 @@ from .checkpoint import (CHECKPOINT_DIR, LOCK_FILE, Checkpoint, ResumeError, Run
                          write_dir_atomically)
 from .evaluate import evaluate
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
-from .setup import agent_to_policy, build_policies, env_factory, eval_sampling
+from .setup import build_policies, env_factory, eval_sampling, route_agents
 from .step import TrainState, train_step
 from .update import make_optimizer
 from .warmstart import warm_start
@@ -65,16 +65,16 @@ def build_state(cfg: Config) -> TrainState:
     seed_everything(cfg.seed)
     make_env = env_factory(cfg)
     agents = make_env("train", 0).agents
-    amap = agent_to_policy(cfg, agents)
-    policies = build_policies(cfg, sorted(set(amap.values())))
+    agent_to_policy = route_agents(cfg, agents)
+    policies = build_policies(cfg, sorted(set(agent_to_policy.values())))
     optimizers = {pid: make_optimizer(p, cfg.algo) for pid, p in policies.items()}
-    return TrainState(cfg, make_env, amap, policies, optimizers, torch.Generator().manual_seed(cfg.seed))
+    return TrainState(cfg, make_env, agent_to_policy, policies, optimizers, torch.Generator().manual_seed(cfg.seed))
 
 
 def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
     """Held-out metrics and episodes of the state's policies (``eval.problems`` problems, ``eval_sampling``)."""
     cfg = state.cfg
-    return evaluate(state.make_env, state.policies, state.agent_map, cfg.eval.problems, eval_sampling(cfg), seed)
+    return evaluate(state.make_env, state.policies, state.agent_to_policy, cfg.eval.problems, eval_sampling(cfg), seed)
 
 
 def check_model_path(cfg: Config) -> None:
@@ -262,13 +262,13 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     atomic_write_text(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     started.append(True)
     n_params = {pid: p.num_parameters() for pid, p in state.policies.items()}
-    say(f"atgrpo: env={cfg.env.name} sharing={cfg.policy.sharing} agents->policies={state.agent_map} "
+    say(f"atgrpo: env={cfg.env.name} sharing={cfg.policy.sharing} agents->policies={state.agent_to_policy} "
         f"params={n_params} run_dir={run_dir}")
     if cfg.trainer.backend == "ray" and progress:
         note = _ray_note(cfg, state)
         if note:
             say(note)
-    summary: dict[str, Any] = {"run_dir": run_dir, "steps": cfg.train.steps, "agent_to_policy": state.agent_map}
+    summary: dict[str, Any] = {"run_dir": run_dir, "steps": cfg.train.steps, "agent_to_policy": state.agent_to_policy}
     if ckpt is not None:  # resume: everything the steps so far produced comes from the checkpoint
         if cfg.algo.kl_coef > 0:
             state.references = load_references(run_dir, state)
@@ -285,7 +285,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
                            logging=cfg.logging, params=cfg.to_dict())
     if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
         t = time.time()
-        losses = warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
+        losses = warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
         summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
         say(f"warm start done in {time.time() - t:.0f}s; final loss " +
             ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
@@ -405,7 +405,7 @@ def load_eval_state(target: str, overrides: list[str], progress: bool = True) ->
         check_model_path(cfg)
         state = _build_checked(cfg)
         if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
-            warm_start(state.make_env, state.agent_map, state.policies, cfg.warmstart, cfg.seed, progress)
+            warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
     else:
         raise ConfigError(f"{target!r} is neither a run directory nor a config file")
     return cfg, state

@@ -37,7 +37,7 @@ def env_factory(cfg: Config) -> Callable[[str, int], MultiAgentEnv]:
     return build
 
 
-def agent_to_policy(cfg: Config, agents: tuple[str, ...]) -> dict[str, str]:
+def route_agents(cfg: Config, agents: tuple[str, ...]) -> dict[str, str]:
     """L0: the single agent's own policy; L1: one 'shared' policy; L2 (one adapter per role) and L3 (one model
     per role): one policy per role, named by role."""
     if cfg.policy.sharing in ("L0", "L1"):

@@ -55,7 +55,7 @@ class LocalBackend:
 class TrainState:
     cfg: Config
     make_env: Callable[[str, int], MultiAgentEnv]
-    agent_map: dict[str, str]
+    agent_to_policy: dict[str, str]
     policies: dict[str, CausalLMPolicy]
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator  # all sampling and shuffling randomness of the loop
@@ -109,7 +109,7 @@ def rollout(state: TrainState, step: int) -> tuple[list[Sample], list[EpisodeRes
     P = cfg.rollout.problems_per_step
     envs = [state.make_env("train", problem_seed(cfg.seed, step, i, P)) for i in range(P)]
     run = tree_rollout if cfg.rollout.mode == "tree" else trajectory_rollout
-    return run(envs, state.backend.rollout_policies(state), state.agent_map, train_sampling(cfg), state.generator,
+    return run(envs, state.backend.rollout_policies(state), state.agent_to_policy, train_sampling(cfg), state.generator,
                step_envs=state.backend.step_envs)
 
 

@@ -106,7 +106,7 @@ class RayBackend:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from ...config import local_ray_cpus
-        from ..setup import agent_to_policy, env_factory
+        from ..setup import env_factory, route_agents
         from . import workers as rw
 
         self.cfg, r = cfg, cfg.trainer.ray
@@ -116,7 +116,7 @@ class RayBackend:
                 ray.init(address=r.address)
             else:  # the CPU count the config was checked against (config.local_ray_cpus)
                 ray.init(num_cpus=local_ray_cpus(r), include_dashboard=False)
-        self.policy_ids = sorted(set(agent_to_policy(cfg, env_factory(cfg)("train", 0).agents).values()))
+        self.policy_ids = sorted(set(route_agents(cfg, env_factory(cfg)("train", 0).agents).values()))
         try:  # shares of the CPUs this run may use: a local cluster never grows, so a misfit is said now
             self.cpus_per_worker, self.cpus_per_env_worker = ray_shares(cfg, len(self.policy_ids), ray,
                                                                          self._owns_ray)
