@@ -230,6 +230,9 @@ class ChatScript:
     def encode(self, text):
         return self.tok.encode(text, add_bos=True)
 
+    def decode(self, ids):
+        return self.tok.decode(ids)
+
     def generate(self, prompt_ids, n, temperature, max_new_tokens, generator=None):
         texts = [self.tok.decode(p) for p in prompt_ids]
         out = []

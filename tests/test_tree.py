@@ -44,6 +44,9 @@ class ScriptedPolicy:
     def encode(self, text):
         return self.tok.encode(text, add_bos=True)
 
+    def decode(self, ids):
+        return self.tok.decode(ids)
+
     def generate(self, prompt_ids, n, temperature, max_new_tokens, generator=None):
         texts = [self.tok.decode(p) for p in prompt_ids]
         self.calls.append(texts)

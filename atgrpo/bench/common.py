@@ -20,7 +20,7 @@ import torch
 
 from ..config import AlgoConfig
 from ..policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
-from ..policies.tokenizer import EOS, OFFSET, VOCAB_SIZE
+from ..policies.tokenizer import EOS
 
 PRESETS = {  # tiny-model shapes (random byte prompts), and a real model's (chat prompts through its template)
     "tiny": dict(prompts=8, prompt_len=(200, 200), K=8, new_tokens=16),
@@ -116,9 +116,7 @@ def bench_prompts(shape: Shape, policy: CausalLMPolicy, count: int | None = None
 
 def response_token_range(policy: CausalLMPolicy) -> tuple[int, int]:
     """Token ids [lo, hi) that random benchmark responses draw from: the vocabulary without special tokens."""
-    if isinstance(policy.tokenizer, ByteTokenizer):
-        return OFFSET, VOCAB_SIZE
-    special = getattr(policy.tokenizer, "all_special_ids", None) or [0]
+    special = getattr(policy.tokenizer, "all_special_ids", None) or [0]  # the byte tokenizer's: 0..OFFSET - 1
     return max(special) + 1, policy.model.get_output_embeddings().weight.shape[0]
 
 

@@ -1,7 +1,9 @@
 """Policies: the trainable models behind the agents (never imports envs)."""
 
 from .causal_lm import CausalLMPolicy, Completion
+from .protocol import Policy, TrainablePolicy
 from .tiny import TinyModelConfig, build_tiny_model
 from .tokenizer import ByteTokenizer
 
-__all__ = ["CausalLMPolicy", "Completion", "TinyModelConfig", "build_tiny_model", "ByteTokenizer"]
+__all__ = ["CausalLMPolicy", "Completion", "Policy", "TrainablePolicy", "TinyModelConfig", "build_tiny_model",
+           "ByteTokenizer"]

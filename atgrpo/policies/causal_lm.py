@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from . import cascade
 from .kv_cache import CascadeCache, ReservedCache
-from .tokenizer import ByteTokenizer
 
 
 LOGPROB_CHUNK_ROWS = 256  # positions per log-sum-exp chunk: bounds its full-vocabulary temporaries
@@ -55,7 +54,18 @@ class Completion:
 
 
 class CausalLMPolicy:
-    """One trainable policy: a causal LM, its tokenizer, and the device it lives on."""
+    """One trainable policy (``protocol.TrainablePolicy``): a causal LM, its tokenizer, and the device it lives on.
+
+    The tokenizer is a Hugging Face tokenizer or anything with the calls of one that are used here (the byte
+    tokenizer, ``tokenizer.ByteTokenizer``): ``tokenizer(text, add_special_tokens=False)["input_ids"]``,
+    ``decode(ids, skip_special_tokens=True)``, ``chat_template`` (None: messages are rendered as plain text),
+    ``apply_chat_template``, ``eos_token_id`` and ``pad_token_id``. A tokenizer may also name ``prompt_prefix_ids``:
+    ids put before every prompt's tokens (the byte tokenizer's BOS); Hugging Face tokenizers name none, their
+    chat templates write the special tokens into the prompt text.
+
+    Public attributes the model code reads (``shared_prefix.py`` too): ``cache_arg``, the name of the model's
+    KV-cache argument; ``takes_logits_to_keep``, whether its forward takes ``logits_to_keep``; ``cascade``,
+    whether decoding and scoring may use cascade attention."""
 
     def __init__(self, policy_id: str, model, tokenizer, device: str = "cpu", max_prompt_tokens: int = 4096):
         self.policy_id = policy_id
@@ -65,12 +75,14 @@ class CausalLMPolicy:
         self.max_prompt_tokens = max_prompt_tokens
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        # ids before every prompt's own tokens, read once from the tokenizer (ByteTokenizer: BOS; HF: none)
+        self.prompt_prefix_ids = list(getattr(tokenizer, "prompt_prefix_ids", ()))
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # transformers >= 5.2x names the KV-cache argument `cache`; older releases `past_key_values`
         params = inspect.signature(type(base).forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = "cache" if "cache" in params else "past_key_values"
         # prefill needs the last position's logits only; a (B, L, V) tensor is GBs for big vocabularies
-        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self.takes_logits_to_keep = "logits_to_keep" in params
         # decode with cascade attention (cascade.py) on the architectures it is tested on; else one cache copy
         # per branch (ReservedCache)
         self.cascade = cascade.supports(base.config)
@@ -80,15 +92,14 @@ class CausalLMPolicy:
         """Prompt text: compact prompts as they are; chat messages through the tokenizer's chat template."""
         if isinstance(prompt, str):
             return prompt
-        if isinstance(self.tokenizer, ByteTokenizer) or not getattr(self.tokenizer, "chat_template", None):
+        if not getattr(self.tokenizer, "chat_template", None):
             return "".join(f"<{m['role']}>\n{m['content']}\n" for m in prompt) + "<assistant>\n"
         return self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            ids = self.tokenizer.encode(text, add_bos=True)
-        else:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """Prompt ids: ``prompt_prefix_ids``, then the text's tokens with no special token added (a chat
+        template's text already holds its special tokens)."""
+        ids = self.prompt_prefix_ids + list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         if len(ids) > self.max_prompt_tokens:
             raise ValueError(f"prompt of {len(ids)} tokens exceeds max_prompt_tokens={self.max_prompt_tokens} "
                              f"(policy {self.policy_id}); raise model.max_prompt_tokens or shorten the prompt")
@@ -98,15 +109,10 @@ class CausalLMPolicy:
         """A response's token ids as the policy emits them after a prompt: the text's tokens with no special
         token added (no BOS: a tokenizer that prepends one to every string must not put it in an answer),
         ended by EOS. Warm-start demonstrations use it, so they are tokenised as rollouts are."""
-        if isinstance(self.tokenizer, ByteTokenizer):
-            ids = self.tokenizer.encode(text, add_bos=False)
-        else:
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return list(ids) + [self.eos_id]
 
     def decode(self, ids: Sequence[int]) -> str:
-        if isinstance(self.tokenizer, ByteTokenizer):
-            return self.tokenizer.decode(ids)
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def pad_prompts(self, prompts: Sequence[Sequence[int]], left: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,8 +142,9 @@ class CausalLMPolicy:
         shared = self.cascade and n > 1  # each prompt's keys one copy, read once per step for its n branches
         # else the whole length reserved: decode steps write in place, no per-step copy of the prompt
         cache = CascadeCache(attn, max_new_tokens) if shared else ReservedCache(Lp + max_new_tokens)
+        last_only = {"logits_to_keep": 1} if self.takes_logits_to_keep else {}  # logits of the last position only
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         **{self._cache_kw: cache}, **self._last_logits_only)
+                         **{self.cache_arg: cache}, **last_only)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
         cache.batch_repeat_interleave(n)
         attn = attn.repeat_interleave(n, 0)
@@ -164,7 +171,7 @@ class CausalLMPolicy:
                     rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
                 attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
                 out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                 use_cache=True, **{self._cache_kw: cache})
+                                 use_cache=True, **{self.cache_arg: cache})
                 logits = out.logits[:, -1].float()
                 next_pos = next_pos + 1
         self.model.train(was_training)
@@ -198,7 +205,7 @@ class CausalLMPolicy:
         keep = L - min(len(p) for p in prompt_ids) + 1
         tgt_idx = (tgt_idx - (L - keep)).clamp(min=0)  # padding entries (masked) may not point before the window
         seq, attn, tgt_idx, mask = (x.to(self.device) for x in (seq, attn, tgt_idx, mask))
-        if "logits_to_keep" in self._last_logits_only:
+        if self.takes_logits_to_keep:
             logits = self.model(input_ids=seq, attention_mask=attn, logits_to_keep=keep).logits  # (B, keep, V)
         else:
             logits = self.model(input_ids=seq, attention_mask=attn).logits[:, L - keep:]

@@ -29,7 +29,8 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import cascade
 from .cascade import PrefixTree
-from .causal_lm import CausalLMPolicy, token_logprobs
+from .causal_lm import token_logprobs
+from .protocol import TrainablePolicy
 
 
 def group_by_prompt(prompt_ids: Sequence[Sequence[int]]) -> list[list[int]]:
@@ -103,11 +104,11 @@ def _join(prefix: torch.Tensor, new: torch.Tensor, sizes: list[int]) -> torch.Te
     return torch.cat([rows, new], dim=2)
 
 
-def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence[int]],
+def shared_prefix_logprobs(policy: TrainablePolicy, prompt_ids: Sequence[Sequence[int]],
                            response_ids: Sequence[Sequence[int]], temperature: float
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(response tokens | prompt) under softmax(logits / T), with gradients; same contract as
-    ``CausalLMPolicy.response_logprobs``: ``logp  # (B, T)``, ``mask  # (B, T)`` in input order, T = the
+    ``TrainablePolicy.response_logprobs``: ``logp  # (B, T)``, ``mask  # (B, T)`` in input order, T = the
     longest response, rows right-padded. Each distinct prompt runs once."""
     B, dev = len(prompt_ids), policy.device
     T = max((len(r) for r in response_ids), default=0)
@@ -136,7 +137,7 @@ def shared_prefix_logprobs(policy: CausalLMPolicy, prompt_ids: Sequence[Sequence
     return logp[inv], mask[inv]
 
 
-def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
+def _tree_logits(policy: TrainablePolicy, prompts: list[list[int]], row_group: torch.Tensor,
                  rin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward over the packed prefix tree (``cascade.PrefixTree``), batch 1: the prompts' tokens (right-
     padded, so their own attention is plain causal) then the responses' inputs ``rin  # (R, M)``, response row
@@ -151,14 +152,14 @@ def _tree_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: to
                      (plens[row_group][:, None] + torch.arange(M, device=dev)).flatten()])[None]
     keep = torch.cat([torch.arange(G, device=dev) * Lp + plens - 1, G * Lp + torch.arange(R * M, device=dev)])
     with cascade.active(policy.model, PrefixTree(pmask, row_group, M)):
-        if policy._last_logits_only:  # the model takes `logits_to_keep`: only the kept positions reach lm_head
+        if policy.takes_logits_to_keep:  # the model takes `logits_to_keep`: only the kept positions reach lm_head
             logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits[0]
         else:
             logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, keep]
     return logits[:G], logits[G:].view(R, M, logits.shape[-1])
 
 
-def _two_pass_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group: torch.Tensor,
+def _two_pass_logits(policy: TrainablePolicy, prompts: list[list[int]], row_group: torch.Tensor,
                      rin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Architectures without cascade attention: a forward over the distinct prompts (left-padded), then one
     over the responses on the prompts' keys/values repeated K ways (``_PrefixLayer``). Logits of each prompt's
@@ -166,8 +167,9 @@ def _two_pass_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group
     dev, model = rin.device, policy.model
     pin, pmask = policy.pad_prompts(prompts, left=True)
     cache = DynamicCache()
+    last_only = {"logits_to_keep": 1} if policy.takes_logits_to_keep else {}  # logits of the last position only
     out = model(input_ids=pin, attention_mask=pmask, position_ids=(pmask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, **{policy._cache_kw: cache}, **policy._last_logits_only)
+                use_cache=True, **{policy.cache_arg: cache}, **last_only)
     first = out.logits[:, -1]  # (G, V): predicts response token 0
     M = rin.shape[1]
     if M == 0:
@@ -177,5 +179,5 @@ def _two_pass_logits(policy: CausalLMPolicy, prompts: list[list[int]], row_group
     attn = torch.cat([pmask[row_group], torch.ones_like(rin)], dim=1)  # (R, Lp + M): response padding is
     # right of real tokens, so causal attention never lets a real position see it
     rpos = pmask.sum(1)[row_group][:, None] + torch.arange(M, device=dev)
-    out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True, **{policy._cache_kw: cache})
+    out = model(input_ids=rin, attention_mask=attn, position_ids=rpos, use_cache=True, **{policy.cache_arg: cache})
     return first, out.logits

@@ -23,20 +23,20 @@ from .sampling import Sampling, cut_at_stop
 if TYPE_CHECKING:  # annotations only: environment workers import this module without torch / transformers
     import torch
 
-    from ..policies.causal_lm import CausalLMPolicy
+    from ..policies.protocol import Policy
 
 # (pre-state envs, K texts per env) -> per env (K stepped children, their K results): see ``step_clones``
 StepEnvs = Callable[[Sequence[MultiAgentEnv], Sequence[Sequence[str]]],
                     list[tuple[list[MultiAgentEnv], list[StepResult]]]]
 
 
-def _policy_for(agent: str, agent_to_policy: dict[str, str], policies: dict[str, CausalLMPolicy]) -> CausalLMPolicy:
+def _policy_for(agent: str, agent_to_policy: dict[str, str], policies: dict[str, Policy]) -> Policy:
     if agent not in agent_to_policy:
         raise KeyError(f"agent {agent!r} has no policy; agent_to_policy maps {sorted(agent_to_policy)}")
     return policies[agent_to_policy[agent]]
 
 
-def tree_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, CausalLMPolicy], agent_to_policy: dict[str, str],
+def tree_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, Policy], agent_to_policy: dict[str, str],
                  sampling: Sampling, generator: torch.Generator | None = None, step_envs: StepEnvs | None = None
                  ) -> tuple[list[Sample], list[EpisodeResult]]:
     """Tree-sample one episode per env (each already reset to its problem; the envs are not mutated), K
@@ -47,7 +47,7 @@ def tree_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, CausalLMPoli
     return samples, episodes
 
 
-def trajectory_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, CausalLMPolicy],
+def trajectory_rollout(envs: Sequence[MultiAgentEnv], policies: dict[str, Policy],
                        agent_to_policy: dict[str, str], sampling: Sampling, generator: torch.Generator | None = None,
                        step_envs: StepEnvs | None = None) -> tuple[list[Sample], list[EpisodeResult]]:
     """K independent episodes per env (no tree). ``Sample.branch`` is the trajectory index, and
@@ -102,8 +102,8 @@ def _run(envs, policies, agent_to_policy, sampling: Sampling, generator, step_en
                 samples.append(Sample(
                     problem=envs[i].problem_id, branch=k, turn=turn, agent=agent, policy=policy.policy_id,
                     prompt=prompt, prompt_ids=pids, response=c.text, response_ids=c.ids, logprobs=c.logprobs,
-                    reward_team=r.reward.team, reward_local=r.reward.local, reward=totals[k], score=totals[k], selected=k == best,
-                    finished=c.finished, info=r.info, temperature=temp))
+                    reward_team=r.reward.team, reward_local=r.reward.local, reward=totals[k], score=totals[k],
+                    selected=k == best, finished=c.finished, info=r.info, temperature=temp))
                 origin.append(i)
             returns[i][agent] += totals[best]
             transcripts[i].append({"turn": turn, "agent": agent, "prompt": prompt, "response": comps[best].text,

@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..policies.causal_lm import CausalLMPolicy, Completion
+from ..policies.causal_lm import Completion
+from ..policies.protocol import TrainablePolicy
 
 PYTHON_ENV = "ATGRPO_VLLM_PYTHON"  # the Python that runs the engine, when rollout.vllm.python is not set
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_server.py")
@@ -249,19 +250,29 @@ class LogprobGap:
 
 
 class EnginePolicy:
-    """A policy's rollout view: renders and encodes as ``policy``, samples on ``engine`` (with ``adapter``, a
-    ``(name, id, path)`` triple, for per-role LoRA), and returns the trainer's log-probs of the sampled tokens
-    (recomputed with ``policy.model``, shared-prefix, ``token_budget`` padded tokens per forward)."""
+    """A policy's rollout view (a ``policies.protocol.Policy``): renders and encodes as ``policy``, samples on
+    ``engine`` (with ``adapter``, a ``(name, id, path)`` triple, for per-role LoRA), and returns the trainer's
+    log-probs of the sampled tokens (recomputed with ``policy.model``, shared-prefix, ``token_budget`` padded
+    tokens per forward)."""
 
-    def __init__(self, policy: CausalLMPolicy, engine: VLLMEngine, gap: LogprobGap, adapter=None,
+    def __init__(self, policy: TrainablePolicy, engine: VLLMEngine, gap: LogprobGap, adapter=None,
                  token_budget: int = 16384):
         self.policy, self.engine, self.gap, self.adapter = policy, engine, gap, adapter
         self.token_budget = token_budget
         self.policy_id = policy.policy_id
         self.recompute_s = 0.0
 
-    def __getattr__(self, name: str):  # render, encode, decode, tokenizer, eos_id ...: the trainer's policy
+    def __getattr__(self, name: str):  # tokenizer, eos_id ...: the trainer's policy
         return getattr(self.__dict__["policy"], name)
+
+    def render(self, prompt) -> str:
+        return self.policy.render(prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.policy.encode(text)
+
+    def decode(self, ids) -> str:
+        return self.policy.decode(ids)
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:

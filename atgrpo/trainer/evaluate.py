@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 
 from ..envs import MultiAgentEnv
-from ..policies.causal_lm import CausalLMPolicy
+from ..policies.protocol import Policy
 from ..rollout.records import EpisodeResult
 from ..rollout.sampling import Sampling
 from ..rollout.tree import tree_rollout
@@ -15,7 +15,7 @@ from ..rollout.tree import tree_rollout
 EVAL_BATCH = 256  # problems per batched rollout
 
 
-def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, CausalLMPolicy],
+def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, Policy],
              agent_to_policy: dict[str, str], problems: int, sampling: Sampling, seed: int = 0
              ) -> tuple[dict[str, float], list[EpisodeResult]]:
     """Metrics (success_rate, mean turns, mean return per agent) over ``problems`` evaluation problems

@@ -2,8 +2,9 @@
 
 Strictly on-policy and synchronous (docs/method.md): every policy is updated on the samples it generated
 in this step's rollout, and the next rollout uses the new weights (same objects: no sync needed locally).
-Where the work runs is the backend's business (``state.backend``): ``LocalBackend`` here, in this process;
-``ray.driver.RayBackend`` on Ray actors (docs/ray.md). The step is the same code for both.
+Where the work runs is the backend's business (``state.backend``, a ``backend.Backend``): ``LocalBackend``
+in this process; ``vllm_backend.VLLMBackend`` with rollouts on vLLM; ``ray.driver.RayBackend`` on Ray actors
+(docs/ray.md). The step is the same code for all.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -19,36 +20,12 @@ from ..algorithms.advantages import grouped_advantages
 from ..algorithms.grouping import check_group_sizes, group_index, group_key_fn, key_str
 from ..config import AlgoConfig, Config
 from ..envs import MultiAgentEnv
-from ..policies.causal_lm import CausalLMPolicy
+from ..policies.protocol import TrainablePolicy
 from ..rollout.records import EpisodeResult, Sample
-from ..rollout.tree import step_clones, trajectory_rollout, tree_rollout
+from ..rollout.tree import trajectory_rollout, tree_rollout
+from .backend import Backend, LocalBackend
 from .setup import problem_seed, train_sampling
-from .update import UpdateStats, update_policy
-
-
-class LocalBackend:
-    """Everything in this process: the policies generate and train here, the environments step here."""
-
-    def rollout_policies(self, state: "TrainState") -> dict[str, CausalLMPolicy]:
-        return state.policies
-
-    def step_envs(self, envs, texts):
-        return step_clones(envs, texts)
-
-    def update(self, state: "TrainState", batches: dict[str, list[Sample]]) -> dict[str, Any]:
-        cfg = state.cfg
-        return {pid: update_policy(state.policies[pid], state.optimizers[pid], batch, cfg.algo,
-                                   cfg.rollout.temperature, state.generator, state.references.get(pid))
-                for pid, batch in batches.items()}
-
-    def step_metrics(self) -> dict[str, float]:
-        return {}
-
-    def pull_state(self, state: "TrainState") -> None:  # before a checkpoint: the state is already here
-        pass
-
-    def close(self) -> None:
-        pass
+from .update import UpdateStats
 
 
 @dataclass
@@ -56,12 +33,12 @@ class TrainState:
     cfg: Config
     make_env: Callable[[str, int], MultiAgentEnv]
     agent_to_policy: dict[str, str]
-    policies: dict[str, CausalLMPolicy]
+    policies: dict[str, TrainablePolicy]
     optimizers: dict[str, torch.optim.Optimizer]
     generator: torch.Generator  # all sampling and shuffling randomness of the loop
-    references: dict[str, CausalLMPolicy] = field(default_factory=dict)  # frozen, for the KL penalty
+    references: dict[str, TrainablePolicy] = field(default_factory=dict)  # frozen, for the KL penalty
     step: int = 0
-    backend: Any = field(default_factory=LocalBackend)  # where rollout, env steps and updates run
+    backend: Backend = field(default_factory=LocalBackend)  # where rollout, env steps and updates run
 
 
 @dataclass

@@ -17,7 +17,7 @@ import torch
 
 from ..algorithms.losses import LossStats, policy_loss
 from ..config import AlgoConfig
-from ..policies.causal_lm import CausalLMPolicy
+from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
 from ..rollout.records import Sample
 
@@ -34,7 +34,7 @@ class UpdateStats:
     skipped_nonfinite: int = 0
 
 
-def make_optimizer(policy: CausalLMPolicy, algo: AlgoConfig) -> torch.optim.Optimizer:
+def make_optimizer(policy: TrainablePolicy, algo: AlgoConfig) -> torch.optim.Optimizer:
     params = [p for p in policy.model.parameters() if p.requires_grad]
     return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999))
 
@@ -120,14 +120,14 @@ def micro_batches(mb: list[Sample], algo: AlgoConfig) -> list[list[Sample]]:
     return out
 
 
-def score(policy: CausalLMPolicy, micro: list[Sample], temperature: float, algo: AlgoConfig):
+def score(policy: TrainablePolicy, micro: list[Sample], temperature: float, algo: AlgoConfig):
     """``logp, mask  # (B, T)`` of the micro-batch's responses, shared-prefix or one sequence per sample."""
     fn = (lambda *a: shared_prefix_logprobs(policy, *a)) if algo.shared_prefix else policy.response_logprobs
     return fn([s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature)
 
 
-def backward_micro_batch(policy: CausalLMPolicy, micro: list[Sample], normalizer: float, algo: AlgoConfig,
-                         temperature: float, reference: CausalLMPolicy | None = None) -> tuple[float, LossStats]:
+def backward_micro_batch(policy: TrainablePolicy, micro: list[Sample], normalizer: float, algo: AlgoConfig,
+                         temperature: float, reference: TrainablePolicy | None = None) -> tuple[float, LossStats]:
     """Score one micro-batch, compute its share of the mini-batch loss (``normalizer``: the whole mini-batch's
     token or sequence count) and accumulate its gradients. Shared by the local and the data-parallel update.
     ``temperature`` applies to samples that do not record their own (``Sample.temperature``)."""
@@ -156,9 +156,9 @@ def minibatch_normalizer(mb: list[Sample], algo: AlgoConfig) -> float:
     return float(sum(len(s.response_ids) for s in mb)) if algo.aggregation == "token-mean" else float(len(mb))
 
 
-def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samples: list[Sample],
+def update_policy(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, samples: list[Sample],
                   algo: AlgoConfig, temperature: float, generator: torch.Generator,
-                  reference: CausalLMPolicy | None = None) -> UpdateStats:
+                  reference: TrainablePolicy | None = None) -> UpdateStats:
     """One policy's update on its step's samples (one PPO epoch of ``algo.minibatches`` optimizer steps);
     ``reference``: the frozen policy of the KL penalty (needed when ``algo.kl_coef > 0``)."""
     if not samples:
@@ -168,9 +168,9 @@ def update_policy(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, samp
                         reference)
 
 
-def epoch_update(policy: CausalLMPolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],
+def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],
                  normalizers: list[float], n_samples: int, algo: AlgoConfig, temperature: float,
-                 reference: CausalLMPolicy | None = None,
+                 reference: TrainablePolicy | None = None,
                  allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
     """This rank's part of one policy update, a whole PPO epoch (one optimizer step per mini-batch):
     ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),

@@ -14,15 +14,21 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..config import Config, max_new_tokens_any
 from ..rollout.records import Sample
 from ..rollout.vllm_engine import EnginePolicy, LogprobGap, VLLMEngine, lora_rank_limit, shm_dir
-from .step import LocalBackend, TrainState
+from .backend import LocalBackend
+from .step import TrainState
+
+if TYPE_CHECKING:
+    from .update import UpdateStats
 
 
 class VLLMBackend(LocalBackend):
+    """A ``backend.Backend``: ``LocalBackend`` whose rollouts sample on vLLM engines (``EnginePolicy`` views)."""
+
     def __init__(self, cfg: Config, state: TrainState):
         from ..policies.hf import resolve_model_dir
 
@@ -82,7 +88,7 @@ class VLLMBackend(LocalBackend):
     def rollout_policies(self, state: TrainState) -> dict[str, EnginePolicy]:
         return self.views
 
-    def update(self, state: TrainState, batches: dict[str, list[Sample]]) -> dict[str, Any]:
+    def update(self, state: TrainState, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
         out = super().update(state, batches)
         self.sync_s = self.sync(state, [pid for pid, b in batches.items() if b])
         return out

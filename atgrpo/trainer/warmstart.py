@@ -7,7 +7,7 @@ tokens. Evaluation problems come from the disjoint evaluation split, so no demon
 
 The same code warm-starts real models (``model.kind=hf``): prompts are rendered exactly as in rollouts (the
 chat template with its generation prompt) and answers are tokenised as the policy emits them
-(``CausalLMPolicy.encode_response``: no BOS, EOS at the end). With L2 each role's policy is its own LoRA
+(``TrainablePolicy.encode_response``: no BOS, EOS at the end). With L2 each role's policy is its own LoRA
 adapter, so each adapter learns from its role's demonstrations only. Batches are scored as the update scores
 them (``shared_prefix_logprobs``: output-layer logits only at answer positions) in micro-batches of at most
 ``warmstart.token_budget`` padded tokens, with gradients accumulated to one optimizer step per batch.
@@ -23,14 +23,14 @@ from tqdm import tqdm
 
 from ..config import WarmStartConfig
 from ..envs import MultiAgentEnv
-from ..policies.causal_lm import CausalLMPolicy
+from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
 
 WARMSTART_SEED_OFFSET = 7_000_000_000  # demonstration problems use seeds far from the RL data sampler's
 
 
 def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_to_policy: dict[str, str],
-                           policies: dict[str, CausalLMPolicy], cfg: WarmStartConfig, seed: int
+                           policies: dict[str, TrainablePolicy], cfg: WarmStartConfig, seed: int
                            ) -> dict[str, list[tuple[list[int], list[int]]]]:
     """(prompt ids, answer ids + EOS) pairs per policy id, from scripted noisy-expert episodes."""
     rng = random.Random(seed)
@@ -48,7 +48,7 @@ def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_
     return demos
 
 
-def supervised_finetune(policy: CausalLMPolicy, pairs: list[tuple[list[int], list[int]]], cfg: WarmStartConfig,
+def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], list[int]]], cfg: WarmStartConfig,
                         seed: int, progress: bool = True) -> list[float]:
     """Cross-entropy on the answer tokens (token mean over each batch); returns the mean loss per epoch."""
     if not pairs:
@@ -79,7 +79,7 @@ def supervised_finetune(policy: CausalLMPolicy, pairs: list[tuple[list[int], lis
     return losses
 
 
-def batch_cross_entropy(policy: CausalLMPolicy, batch: list[tuple[list[int], list[int]]], token_budget: int
+def batch_cross_entropy(policy: TrainablePolicy, batch: list[tuple[list[int], list[int]]], token_budget: int
                         ) -> float:
     """Accumulate the gradient of the batch's token-mean cross-entropy on the answers, one backward per
     micro-batch of at most ``token_budget`` padded tokens (``plan_chunks``); returns the loss."""
