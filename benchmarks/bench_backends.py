@@ -6,7 +6,7 @@ first weight push), the median step / rollout / update time of each backend over
 backend waits for its actors), and how far the two runs' metrics are apart (same seed: equal rewards).
 
     python benchmarks/bench_backends.py --steps 6 --out bench_out/backends.json
-    python benchmarks/bench_backends.py --steps 6 --set policy.sharing=L3 --set trainer.ray.num_update_workers=2
+    python benchmarks/bench_backends.py --steps 6 --set policy.sharing=L3 --set system.ray.num_update_workers=2
 
 Defaults: the quickstart (tiny model, two-agent Plan-Path, K=8, 16 problems per step) without warm start, and
 every Ray worker at 1/4 CPU so that the local cluster fits on a 2-core machine (``--set`` overrides anything).
@@ -30,8 +30,8 @@ from atgrpo.config import load_config  # noqa: E402
 from atgrpo.trainer.run import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 
-DEFAULTS = ["warmstart.enabled=false", "trainer.backend=ray", "trainer.ray.cpus_per_worker=0.25",
-            "trainer.ray.cpus_per_env_worker=0.25"]
+DEFAULTS = ["warmstart.enabled=false", "system.backend=ray", "system.ray.cpus_per_worker=0.25",
+            "system.ray.cpus_per_env_worker=0.25"]
 TIMES = ("time/step", "time/rollout", "time/update", "time/ray_sync")
 
 
@@ -43,7 +43,7 @@ def run(steps: int, overrides: list[str]) -> dict:
     cfg = load_config(None, DEFAULTS + overrides)
     local, remote = build_state(cfg), build_state(cfg)
     t = time.perf_counter()
-    ray.init(num_cpus=cfg.trainer.ray.num_cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=cfg.system.ray.num_cpus, include_dashboard=False, log_to_driver=False)
     t_init = time.perf_counter() - t
     remote.backend = RayBackend(cfg)
     remote.backend.attach(remote)  # waits for every actor, forms the process groups, pushes the weights

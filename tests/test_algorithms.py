@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 from types import SimpleNamespace
+from typing import get_args
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 from atgrpo.algorithms.advantages import grouped_advantages
 from atgrpo.algorithms.grouping import GROUP_KEYS, check_group_sizes, group_index, group_key_fn, key_str
 from atgrpo.algorithms.losses import aggregate, kl_penalty, policy_loss, ppo_token_loss
+from atgrpo.algorithms.names import GroupKey
 
 
 # ---- grouped advantages --------------------------------------------------------------------------------
@@ -291,6 +293,7 @@ def test_group_key_functions_are_explicit_tuples():
     assert group_key_fn("problem_turn")(s) == ("plan_path/train/10", 2)
     for name in GROUP_KEYS:
         assert isinstance(group_key_fn(name)(s), tuple)
+    assert set(GROUP_KEYS) == set(get_args(GroupKey))  # the config's typed choice names exactly these
     # problems 1 and 10 never merge (no integer arithmetic on indices); policy and branch are not in the key
     t = SimpleNamespace(problem="plan_path/train/1", turn=2, agent="plan", branch=0, policy="other")
     assert group_key_fn("problem_turn_agent")(t) != group_key_fn("problem_turn_agent")(s)

@@ -79,10 +79,10 @@ ROWS = [
     ("model directory that does not load, new --out", ["model.kind=hf", "model.path={tmp}/badmodel", "--out",
                                                        "{tmp}/new-out"], 2, ["badmodel", "cannot be loaded"]),
     ("Ray workers that do not fit",
-     ["trainer.backend=ray", "trainer.ray.num_cpus=2", "trainer.ray.cpus_per_worker=1",
-      "trainer.ray.cpus_per_env_worker=1"], 2, ["need 4 CPUs", "has 2", "trainer.ray.num_cpus=4"]),
-    ("Ray GPUs this machine lacks", ["trainer.backend=ray", "trainer.ray.gpus_per_worker=64"], 2,
-     ["trainer.ray.gpus_per_worker=64", "GPUs but this machine has"]),
+     ["system.backend=ray", "system.ray.num_cpus=2", "system.ray.cpus_per_worker=1",
+      "system.ray.cpus_per_env_worker=1"], 2, ["need 4 CPUs", "has 2", "system.ray.num_cpus=4"]),
+    ("Ray GPUs this machine lacks", ["system.backend=ray", "system.ray.gpus_per_worker=64"], 2,
+     ["system.ray.gpus_per_worker=64", "GPUs but this machine has"]),
 ]
 
 
@@ -123,7 +123,7 @@ def results(tmp_path_factory):
     _scratch(root)
     before = {n: sorted(os.listdir(os.path.join(root, n))) if os.path.isdir(os.path.join(root, n)) else None
               for n in os.listdir(root)}
-    rows = [r for r in ROWS if HAVE_RAY or not r[1][0].startswith("trainer.backend=ray")]
+    rows = [r for r in ROWS if HAVE_RAY or not r[1][0].startswith("system.backend=ray")]
     with ThreadPoolExecutor(max_workers=4) as pool:
         out = dict(zip([r[0] for r in rows], pool.map(lambda r: _run(r, root), rows)))
     after = {n: sorted(os.listdir(os.path.join(root, n))) if os.path.isdir(os.path.join(root, n)) else None

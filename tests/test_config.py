@@ -1,8 +1,9 @@
-"""The config tree (atgrpo/config.py): defaults, YAML, dotted overrides, and loud errors naming key and choices."""
+"""The config tree (atgrpo/config/): defaults, YAML, dotted overrides, and loud errors naming key and choices."""
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
@@ -232,10 +233,57 @@ def test_ray_cpu_shares_fit_the_local_cluster(settings, n_policies, cpus, expect
 @pytest.mark.parametrize("settings, says", [
     ({"cpus_per_worker": 1.0, "cpus_per_env_worker": 1.0}, "need 4 CPUs"),
     ({"cpus_per_worker": 1.0}, "leaving nothing for the other 2 workers"),
-    ({"cpus_per_worker": 0.0}, "trainer.ray.cpus_per_worker"),
-    ({"cpus_per_env_worker": -1.0}, "trainer.ray.cpus_per_env_worker"),
+    ({"cpus_per_worker": 0.0}, "system.ray.cpus_per_worker"),
+    ({"cpus_per_env_worker": -1.0}, "system.ray.cpus_per_env_worker"),
 ])
 def test_ray_reservations_that_do_not_fit_are_config_errors(settings, says):
     pytest.importorskip("ray")
-    items = ["trainer.backend=ray", "trainer.ray.num_cpus=2"] + [f"trainer.ray.{k}={v}" for k, v in settings.items()]
+    items = ["system.backend=ray", "system.ray.num_cpus=2"] + [f"system.ray.{k}={v}" for k, v in settings.items()]
     assert says in _err(overrides=items)
+
+
+# ---- the generic field check: every choice and every range comes from the declaration ------------------------
+def _declared(kind: str):
+    """(dotted key, field) of every field in the tree with a Literal type (kind="choice") or a range ("range")."""
+    out = []
+
+    def walk(obj, path):
+        hints = typing.get_type_hints(type(obj))
+        for f in dataclasses.fields(obj):
+            key, value = f"{path}.{f.name}" if path else f.name, getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                walk(value, key)
+            elif kind == "choice" and typing.get_origin(hints[f.name]) is typing.Literal:
+                out.append((key, typing.get_args(hints[f.name])))
+            elif kind == "range" and "lo" in f.metadata:
+                out.append((key, f.metadata))
+    walk(Config(), "")
+    return out
+
+
+@pytest.mark.parametrize("key, choices", _declared("choice"), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_declared_choice_is_checked(key, choices):
+    msg = _err(overrides=[f"{key}=nonsense"])
+    assert f"{key}='nonsense'" in msg and all(str(c) in msg for c in choices)
+
+
+@pytest.mark.parametrize("key, meta", _declared("range"), ids=lambda x: x if isinstance(x, str) else "")
+def test_every_declared_range_is_checked(key, meta):
+    below = meta["lo"] if meta.get("lo_open") else meta["lo"] - 1
+    msg = _err(overrides=[f"{key}={below}"])
+    assert key in msg and "must be" in msg
+    if "hi" in meta:  # and just above the top
+        above = meta["hi"] if meta.get("hi_open") else meta["hi"] + 1
+        assert key in _err(overrides=[f"{key}={above}"])
+
+
+def test_choices_in_lists_are_checked():
+    assert "logging.backends[1]='tb'" in _err(overrides=["logging.backends=[tensorboard, tb]"])
+
+
+def test_the_old_section_name_trainer_reads_as_system(tmp_path, capsys):
+    cfg = load_config(None, ["trainer.ray.num_env_workers=3"])
+    assert cfg.system.ray.num_env_workers == 3 and "now called 'system'" in capsys.readouterr().err
+    cfg = load_config(_yaml(tmp_path, "trainer:\n  ray:\n    env_retries: 5\n"))
+    assert cfg.system.ray.env_retries == 5
+    assert "one section" in _err(_yaml(tmp_path, "trainer: {}\nsystem: {}\n"))

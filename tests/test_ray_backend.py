@@ -1,6 +1,6 @@
 """The Ray backend on a local 2-CPU Ray cluster: the same train steps as the local backend (same seed: identical
 rewards, losses equal up to float summation order), environment workers that die are replaced, a whole run
-through ``train`` with ``trainer.backend=ray``.
+through ``train`` with ``system.backend=ray``.
 
 One ``ray.init`` and one backend (2 per-role policies x (1 rollout + 2 update workers) + 2 environment workers)
 are shared by the module: starting actors on 2 cores takes about a minute.
@@ -28,9 +28,9 @@ from conftest import FAST  # noqa: E402
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # 2 CPUs hold the module's backend (8 actors) and the run's (3 actors) at 1/8 CPU each
-RAY = ["warmstart.enabled=false", "trainer.backend=ray", "trainer.ray.cpus_per_worker=0.125",
-       "trainer.ray.cpus_per_env_worker=0.125"]
-L3_DP = FAST + RAY + ["policy.sharing=L3", "trainer.ray.num_update_workers=2", "trainer.ray.num_env_workers=2"]
+RAY = ["warmstart.enabled=false", "system.backend=ray", "system.ray.cpus_per_worker=0.125",
+       "system.ray.cpus_per_env_worker=0.125"]
+L3_DP = FAST + RAY + ["policy.sharing=L3", "system.ray.num_update_workers=2", "system.ray.num_env_workers=2"]
 # Losses, KL and grad norms: data-parallel ranks sum gradients in another order than one process does. The loss is
 # a sum of terms of both signs (advantages are zero-mean per group), so the tolerance is relative or absolute.
 REL, ABS = 1e-4, 1e-6
@@ -171,17 +171,17 @@ def test_one_minibatch_plan_for_the_local_and_the_data_parallel_update():
 
 
 def test_config_names_the_backend_choices():
-    with pytest.raises(ConfigError, match="trainer.backend"):
-        load_config(None, ["trainer.backend=slurm"])
+    with pytest.raises(ConfigError, match="system.backend"):
+        load_config(None, ["system.backend=slurm"])
     with pytest.raises(ConfigError, match="num_update_workers"):
-        load_config(None, ["trainer.ray.num_update_workers=0"])
+        load_config(None, ["system.ray.num_update_workers=0"])
 
 
 def test_train_run_on_ray_writes_metrics_and_checkpoint(backend, tmp_path):
     """A whole ``train`` run (L1: one shared policy) through the run loop's hooks: its own backend on the
     running Ray instance, closed at the end; optimizer states pulled back for the checkpoint."""
     out = tmp_path / "run"
-    summary = train(load_config(None, FAST + RAY + ["trainer.ray.num_env_workers=1", "eval.problems=2"]),
+    summary = train(load_config(None, FAST + RAY + ["system.ray.num_env_workers=1", "eval.problems=2"]),
                     str(out), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
     assert [r["step"] for r in rows][:2] == [1, 2] and all(r["ray/dropped_samples"] == 0 for r in rows[:2])

@@ -1,4 +1,4 @@
-"""``atgrpo train trainer.backend=ray`` with the default placement on a 2-CPU local cluster: the workers share the
+"""``atgrpo train system.backend=ray`` with the default placement on a 2-CPU local cluster: the workers share the
 CPUs (a printed note says how), the run finishes, and its rows equal the local backend's (same seed)."""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def _rows(run_dir):
 def test_ray_defaults_fit_a_two_cpu_cluster_and_match_the_local_backend(tmp_path):
     ray_out, local_out = str(tmp_path / "ray"), str(tmp_path / "local")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "train", *RUN, "trainer.backend=ray",
-                             "trainer.ray.num_cpus=2", "--out", ray_out], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "atgrpo.cli", "train", *RUN, "system.backend=ray",
+                             "system.ray.num_cpus=2", "--out", ray_out], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert main(["train", *RUN, "--out", local_out, "--quiet"]) == 0  # meanwhile, the local twin

@@ -143,7 +143,7 @@ def _ray_note(cfg: Config, state: TrainState) -> str | None:
 
     if ray.is_initialized():
         return None
-    return ray_note(cfg, len(state.policies), local_ray_cpus(cfg.trainer.ray))
+    return ray_note(cfg, len(state.policies), local_ray_cpus(cfg.system.ray))
 
 
 @dataclass
@@ -264,7 +264,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     n_params = {pid: p.num_parameters() for pid, p in state.policies.items()}
     say(f"atgrpo: env={cfg.env.name} sharing={cfg.policy.sharing} agents->policies={state.agent_to_policy} "
         f"params={n_params} run_dir={run_dir}")
-    if cfg.trainer.backend == "ray" and progress:
+    if cfg.system.backend == "ray" and progress:
         note = _ray_note(cfg, state)
         if note:
             say(note)
@@ -301,7 +301,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
 def _start_backend(run: Run) -> None:
     """Ray workers and vLLM engines start after the warm start (or the resume), with its weights."""
     cfg, state = run.cfg, run.state
-    if cfg.trainer.backend == "ray":
+    if cfg.system.backend == "ray":
         from .ray.driver import RayBackend
 
         state.backend = RayBackend(cfg)

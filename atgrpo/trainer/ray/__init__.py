@@ -1,4 +1,4 @@
-"""The Ray backend (``trainer.backend=ray``, docs/ray.md), in three modules that import one way only:
+"""The Ray backend (``system.backend=ray``, docs/ray.md), in three modules that import one way only:
 
 - ``driver``: ``RayBackend`` (placement groups, routing, the environment workers, weight sync) and the CPU shares
   (``ray_shares``, ``ray_note``). Its top level imports neither torch nor ray: environment workers import it

@@ -1,4 +1,4 @@
-"""The Ray backend's driver (``trainer.backend=ray``): the same train step as the local backend, its work placed
+"""The Ray backend's driver (``system.backend=ray``): the same train step as the local backend, its work placed
 on actors (``workers.py``).
 
 Placement (docs/ray.md):
@@ -19,7 +19,7 @@ are identical and the losses equal up to float summation order (tests/test_ray_b
 rollout worker samples its share of the prompts from a seed drawn from the run's generator.
 
 Faults: an environment worker that dies (``RayActorError``) is replaced and its work resubmitted, up to
-``trainer.ray.env_retries`` times per task, then the step fails loudly. A dead rollout or update worker fails
+``system.ray.env_retries`` times per task, then the step fails loudly. A dead rollout or update worker fails
 the step (a data-parallel group cannot lose a rank). Samples sent to update workers and samples trained are
 counted; any difference is logged as ``ray/dropped_samples`` (and is 0 unless something is wrong).
 """
@@ -53,12 +53,12 @@ class Pool:
 def ray_shares(cfg: Config, n_policies: int, ray, owns_ray: bool) -> tuple[float, float]:
     """(CPUs per rollout/update worker, CPUs per environment worker) of a run with ``n_policies`` policies.
 
-    On an existing cluster (``trainer.ray.address``) an unset share is 1 CPU. Otherwise the unset shares divide
+    On an existing cluster (``system.ray.address``) an unset share is 1 CPU. Otherwise the unset shares divide
     the CPUs this run may use: the whole local cluster it started, or what is free on a Ray instance already
     running in this process (``config.ray_cpu_shares``, which raises ``ConfigError`` when they cannot fit)."""
     from ...config import ray_cpu_shares
 
-    r = cfg.trainer.ray
+    r = cfg.system.ray
     if r.address:
         return (r.cpus_per_worker if r.cpus_per_worker is not None else 1.0,
                 r.cpus_per_env_worker if r.cpus_per_env_worker is not None else 1.0)
@@ -70,14 +70,14 @@ def ray_note(cfg: Config, n_policies: int, cluster_cpus: float) -> str | None:
     """The line that says how a local cluster's CPUs are shared when atgrpo chose the shares, else None."""
     from ...config import ray_cpu_shares
 
-    r = cfg.trainer.ray
+    r = cfg.system.ray
     if r.address or (r.cpus_per_worker is not None and r.cpus_per_env_worker is not None):
         return None
     w, e = ray_cpu_shares(r, n_policies, cluster_cpus)
     n_pool = n_policies * (r.num_rollout_workers + r.num_update_workers)
     return (f"atgrpo: Ray: {n_pool + r.num_env_workers} workers share the local cluster's {cluster_cpus:g} CPUs: "
-            f"{w:g} CPU per rollout/update worker, {e:g} per environment worker (set trainer.ray.cpus_per_worker / "
-            f"cpus_per_env_worker to choose; trainer.ray.num_cpus for more logical CPUs)")
+            f"{w:g} CPU per rollout/update worker, {e:g} per environment worker (set system.ray.cpus_per_worker / "
+            f"cpus_per_env_worker to choose; system.ray.num_cpus for more logical CPUs)")
 
 
 def _plain(resources: dict) -> dict:
@@ -98,7 +98,7 @@ class EnvWorker:
 
 class RayBackend:
     """Rollout, update and environment workers on Ray. Joins the running Ray instance if there is one
-    (``ray.init`` already called), else connects to ``trainer.ray.address`` or starts a local cluster."""
+    (``ray.init`` already called), else connects to ``system.ray.address`` or starts a local cluster."""
 
     def __init__(self, cfg: Config):
         import ray
@@ -109,7 +109,7 @@ class RayBackend:
         from ..setup import env_factory, route_agents
         from . import workers as rw
 
-        self.cfg, r = cfg, cfg.trainer.ray
+        self.cfg, r = cfg, cfg.system.ray
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             if r.address:
@@ -155,13 +155,13 @@ class RayBackend:
 
         for pid, pool in self.pools.items():
             if not pool.pg.wait(timeout_seconds=READY_TIMEOUT_S):
-                r = self.cfg.trainer.ray
+                r = self.cfg.system.ray
                 n = r.num_rollout_workers + r.num_update_workers
                 raise RuntimeError(
                     f"Ray could not place policy {pid!r} in {READY_TIMEOUT_S:.0f}s: its pool needs {n} bundles of "
                     f"{self.cpus_per_worker:g} CPU / {r.gpus_per_worker:g} GPU; the cluster has "
                     f"{_plain(ray.cluster_resources())} in all, {_plain(ray.available_resources())} free. Lower "
-                    f"trainer.ray.cpus_per_worker or the worker counts, or add resources (trainer.ray.num_cpus "
+                    f"system.ray.cpus_per_worker or the worker counts, or add resources (system.ray.num_cpus "
                     f"for a local cluster)")
         everyone = [w for p in self.pools.values() for w in p.rollout + p.update] + self.env_workers
         ray.get([w.ready.remote() for w in everyone], timeout=READY_TIMEOUT_S)
@@ -240,9 +240,9 @@ class RayBackend:
                     ray.kill(worker)
                     self.env_workers[j] = self._new_env_worker()
                     self.counters["ray/env_worker_restarts"] += 1
-                if attempt >= self.cfg.trainer.ray.env_retries:
+                if attempt >= self.cfg.system.ray.env_retries:
                     raise RuntimeError(f"environment work failed {attempt + 1} times (its worker died each time); "
-                                       f"trainer.ray.env_retries={self.cfg.trainer.ray.env_retries}") from e
+                                       f"system.ray.env_retries={self.cfg.system.ray.env_retries}") from e
                 self.counters["ray/env_retries"] += 1
                 submit(j, attempt + 1)
                 continue

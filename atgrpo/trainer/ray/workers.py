@@ -51,7 +51,7 @@ def load_trainable(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
 
 def _worker_cfg(cfg: Config) -> Config:
     """A GPU worker (Ray set CUDA_VISIBLE_DEVICES for it) puts its model on cuda."""
-    if cfg.trainer.ray.gpus_per_worker > 0 and torch.cuda.is_available():
+    if cfg.system.ray.gpus_per_worker > 0 and torch.cuda.is_available():
         cfg.model.device = "cuda"
     return cfg
 
