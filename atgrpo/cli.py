@@ -97,7 +97,7 @@ def cmd_eval(args) -> int:
         return 0
     if any(v is not None for v in (args.k, args.temperature, args.problems, args.out)) or args.n != 1:
         raise ConfigError("--n, --k, --temperature, --problems and --out go with --benchmarks")
-    from .trainer.run import evaluate_target
+    from .trainer.evaluate import evaluate_target
 
     metrics = evaluate_target(target, overrides, progress=not args.quiet)
     print(json.dumps(metrics, indent=1))
@@ -140,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         _report(debug, "atgrpo: interrupted")
         return EXIT_INTERRUPTED
     except Exception as e:
-        checkpoint = sys.modules.get("atgrpo.trainer.checkpoint")  # not loaded: e cannot be one of its errors
-        if checkpoint is not None and isinstance(e, checkpoint.RunError):
+        run_dir = sys.modules.get("atgrpo.trainer.run_dir")  # not loaded: e cannot be one of its errors
+        if run_dir is not None and isinstance(e, run_dir.RunError):
             _report(debug, f"atgrpo: error: {_line(e)}")
             return EXIT_INPUT
         _report(debug, f"atgrpo: error: {type(e).__name__}: {_line(e)} (run again with --debug for the traceback)")

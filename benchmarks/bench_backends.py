@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from atgrpo.config import load_config  # noqa: E402
-from atgrpo.trainer.run import build_state  # noqa: E402
+from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 
 DEFAULTS = ["warmstart.enabled=false", "system.backend=ray", "system.ray.cpus_per_worker=0.25",

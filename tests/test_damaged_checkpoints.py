@@ -15,6 +15,7 @@ import pytest
 
 from atgrpo.cli import main
 from atgrpo.trainer import checkpoint as ck
+from atgrpo.trainer.atomic_files import MANIFEST_FILE
 
 BASE = ["train.steps=2", "train.checkpoint_every=1", "train.keep_checkpoints=2"]
 WEIGHTS = os.path.join("shared", "model.safetensors")  # the one policy of the quickstart (L1) is called shared
@@ -71,7 +72,7 @@ CASES = [
     ("progress JSON truncated", ck.PROGRESS_FILE, _truncate, ck.PROGRESS_FILE),
     ("model config JSON truncated", os.path.join("shared", "config.json"), _truncate, "config.json"),
     ("policy file deleted", os.path.join("shared", "atgrpo_policy.json"), _delete, "atgrpo_policy.json"),
-    ("manifest truncated", ck.MANIFEST_FILE, _truncate, ck.MANIFEST_FILE),
+    ("manifest truncated", MANIFEST_FILE, _truncate, MANIFEST_FILE),
 ]
 
 
@@ -96,7 +97,7 @@ def test_damaged_newest_checkpoint_is_skipped(run, base, capsys, name, rel, dama
 def test_checkpoint_without_manifest_is_checked_by_loading(run, base, capsys):
     """A checkpoint written before manifests existed: a file that does not load marks it damaged."""
     for step in (1, 2):
-        os.remove(os.path.join(run, "checkpoint", f"step_{step}", ck.MANIFEST_FILE))
+        os.remove(os.path.join(run, "checkpoint", f"step_{step}", MANIFEST_FILE))
     _truncate(os.path.join(run, "checkpoint", "step_2", ck.STATE_FILE))
     capsys.readouterr()
     assert main(["train", "--resume", run, "--quiet"]) == 0

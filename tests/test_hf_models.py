@@ -25,7 +25,8 @@ from atgrpo.policies.shared_prefix import shared_prefix_logprobs  # noqa: E402
 from atgrpo.policies.tokenizer import EOS, PAD, ByteTokenizer  # noqa: E402
 from atgrpo.rollout.records import Sample  # noqa: E402
 from atgrpo.trainer.checkpoint import save_policies  # noqa: E402
-from atgrpo.trainer.run import build_state, load_policies  # noqa: E402
+from atgrpo.trainer.evaluate import load_policies  # noqa: E402
+from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 from atgrpo.trainer.update import update_policy  # noqa: E402
 from hf_dirs import write_tiny_hf_dir  # noqa: E402

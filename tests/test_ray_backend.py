@@ -18,7 +18,8 @@ ray = pytest.importorskip("ray")
 from atgrpo.config import ConfigError, load_config  # noqa: E402
 from atgrpo.rollout.records import Sample  # noqa: E402
 from atgrpo.trainer.ray.driver import RayBackend  # noqa: E402
-from atgrpo.trainer.run import build_state, train  # noqa: E402
+from atgrpo.trainer.run import train  # noqa: E402
+from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 from atgrpo.trainer.update import plan_minibatches, shard_minibatch, split_minibatches  # noqa: E402
 

@@ -16,9 +16,9 @@ import torch
 from atgrpo.cli import main
 from atgrpo.config import ConfigError, load_config
 from atgrpo.trainer import checkpoint as ck
-from atgrpo.trainer.checkpoint import RunDirInUse, RunLock
-from atgrpo.trainer import run as run_module
-from atgrpo.trainer.run import build_state
+from atgrpo.trainer.run_dir import RunDirInUse, RunLock
+from atgrpo.trainer import state as state_module
+from atgrpo.trainer.state import build_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESUME = ["train.steps=4", "train.checkpoint_every=1"]
@@ -234,7 +234,7 @@ def test_reliability_settings_are_validated(item, key):
 
 
 def test_nonfinite_updates_are_skipped_logged_and_stop_the_run(tmp_path, fast_overrides, monkeypatch, capsys):
-    real = run_module.build_policies
+    real = state_module.build_policies
 
     def nan_when_training(module, inputs, output):  # logits with gradients (the update) become NaN;
         return output * float("nan") if torch.is_grad_enabled() else output  # sampling is untouched
@@ -244,7 +244,7 @@ def test_nonfinite_updates_are_skipped_logged_and_stop_the_run(tmp_path, fast_ov
         for p in policies.values():
             p.model.get_output_embeddings().register_forward_hook(nan_when_training)
         return policies
-    monkeypatch.setattr(run_module, "build_policies", build_policies)
+    monkeypatch.setattr(state_module, "build_policies", build_policies)
     out = str(tmp_path / "run")
     rc = main(["train", *fast_overrides, "warmstart.enabled=false", "train.steps=5", "train.checkpoint_every=1",
                "train.max_nonfinite=3", "--out", out, "--quiet"])

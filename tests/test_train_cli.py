@@ -8,7 +8,8 @@ import yaml
 
 from atgrpo.cli import main
 from atgrpo.config import load_config
-from atgrpo.trainer.run import build_state, load_policies
+from atgrpo.trainer.evaluate import load_policies
+from atgrpo.trainer.state import build_state
 
 
 def _run(tmp_path, name, overrides):

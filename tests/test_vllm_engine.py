@@ -85,7 +85,7 @@ def _overrides(hf_dir, *extra):
 
 
 def _state(hf_dir, *extra):
-    from atgrpo.trainer.run import build_state
+    from atgrpo.trainer.state import build_state
 
     return build_state(load_config(None, _overrides(hf_dir, *extra)))
 

@@ -111,7 +111,7 @@ def _train_step_seconds(engine: str, model_path: str | None, preset: str | None,
     import dataclasses
 
     from ..config import load_config
-    from ..trainer.run import build_state
+    from ..trainer.state import build_state
     from ..trainer.step import train_step
 
     src = f"model.path={model_path}" if model_path else f"model.preset={preset}"

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..envs import MultiAgentEnv
     from ..envs.base import StepResult
     from ..policies.protocol import Policy
-    from .step import TrainState
+    from .state import TrainState
     from .update import UpdateStats
 
 

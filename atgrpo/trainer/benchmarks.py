@@ -147,8 +147,8 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
     markdown table, the output directory). Every bad setting is found before any evaluation runs."""
     import copy
 
-    from .checkpoint import one_line
-    from .run import load_eval_state
+    from .run_dir import one_line
+    from .evaluate import load_eval_state
     from .setup import env_factory, eval_sampling
 
     if n < 1:

@@ -1,4 +1,5 @@
-"""Checkpoints and exact resume, the run-directory lock, and stop-on-signal.
+"""Checkpoints and exact resume (the run directory's lock and stop flag: ``run_dir.py``; atomic writes and
+manifests: ``atomic_files.py``).
 
 Layout under ``RUN_DIR/checkpoint/``:
 
@@ -26,160 +27,29 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
-import fcntl
-import hashlib
 import json
 import os
 import random
 import re
 import shutil
-import signal
 import sys
-import threading
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
+from .atomic_files import FORMAT, TMP_PREFIX, temporary_name, verify_dir, write_dir_atomically
+from .run_dir import ResumeError, one_line
+
 if TYPE_CHECKING:
-    from .step import TrainState
+    from .state import TrainState
 
 CHECKPOINT_DIR = "checkpoint"
-MANIFEST_FILE = "manifest.json"
 DAMAGED_PREFIX = "damaged-"
 STATE_FILE = "trainer_state.pt"
 PROGRESS_FILE = "progress.json"
-LOCK_FILE = ".lock"
-TMP_PREFIX = ".tmp-"
-FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class RunError(RuntimeError):
-    """A run cannot start or continue; the message says why and what to do."""
-
-
-class RunDirInUse(RunError):
-    """Another live process holds the run directory's lock (or the directory already holds a run)."""
-
-
-class ResumeError(RunError):
-    """The run directory cannot be resumed (no config, a checkpoint that does not fit the config)."""
-
-
-# ---- atomic files and directories ---------------------------------------------------------------------
-def _fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: str) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            _fsync_path(os.path.join(dirpath, name))
-        _fsync_path(dirpath)
-
-
-def _tmp_name(parent: str, base: str) -> str:
-    return os.path.join(parent, f"{TMP_PREFIX}{base}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def write_dir_atomically(final: str, write: Callable[[str], None]) -> None:
-    """Run ``write(tmp_dir)``, write its manifest last, fsync everything, then rename ``tmp_dir`` to ``final``
-    (replacing it)."""
-    parent, base = os.path.split(os.path.abspath(final))
-    os.makedirs(parent, exist_ok=True)
-    tmp = _tmp_name(parent, base)
-    os.mkdir(tmp)
-    try:
-        write(tmp)
-        write_manifest(tmp)
-        _fsync_tree(tmp)
-        if os.path.exists(final):  # replace: move the old one aside first (a dir cannot be renamed onto one)
-            old = _tmp_name(parent, base + "-old")
-            os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
-        _fsync_path(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write a file so that readers see the old or the new content, never a part."""
-    parent = os.path.dirname(os.path.abspath(path))
-    tmp = _tmp_name(parent, os.path.basename(path))
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_path(parent)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-# ---- manifests: what a complete directory holds ------------------------------------------------------
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _files(root: str) -> list[str]:
-    out = []
-    for dirpath, _, filenames in os.walk(root):
-        out += [os.path.relpath(os.path.join(dirpath, n), root) for n in filenames]
-    return sorted(f for f in out if f != MANIFEST_FILE)
-
-
-def write_manifest(root: str) -> None:
-    """``root/manifest.json``: the size and sha256 of every file under ``root`` (written after all of them)."""
-    files = {f: {"size": os.path.getsize(os.path.join(root, f)), "sha256": _sha256(os.path.join(root, f))}
-             for f in _files(root)}
-    with open(os.path.join(root, MANIFEST_FILE), "w") as f:
-        json.dump({"format": FORMAT, "files": files}, f, indent=1)
-
-
-def verify_dir(root: str) -> str | None:
-    """What is wrong with the directory ``root`` by its manifest (the first problem found), or None when every
-    listed file has its size and checksum. A directory without a manifest (written before manifests
-    existed) is checked when it is loaded."""
-    if not os.path.isdir(root):
-        return "missing"
-    path = os.path.join(root, MANIFEST_FILE)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path) as f:
-            files = json.load(f)["files"]
-        assert isinstance(files, dict)
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
-        return f"{MANIFEST_FILE} is unreadable ({type(e).__name__})"
-    for name, want in sorted(files.items()):
-        p = os.path.join(root, name)
-        if not os.path.isfile(p):
-            return f"{name} is missing"
-        size = os.path.getsize(p)
-        if size != want["size"]:
-            return f"{name} has {size} bytes, the manifest says {want['size']}"
-        if _sha256(p) != want["sha256"]:
-            return f"{name} does not match its checksum"
-    return None
 
 
 def remove_leftovers(run_dir: str) -> None:
@@ -339,7 +209,7 @@ def save_checkpoint(run_dir: str, state: "TrainState", progress: dict[str, Any],
     write_dir_atomically(path, write)
     ckpts = list_checkpoints(run_dir)
     for old in ckpts[:max(0, len(ckpts) - keep)]:
-        trash = _tmp_name(os.path.dirname(old.path), os.path.basename(old.path) + "-drop")
+        trash = temporary_name(os.path.dirname(old.path), os.path.basename(old.path) + "-drop")
         os.rename(old.path, trash)  # renamed first: a half-deleted checkpoint never looks complete
         shutil.rmtree(trash, ignore_errors=True)
     return path
@@ -352,12 +222,6 @@ def step_dirs(run_dir: str) -> list[Checkpoint]:
         return []
     out = [Checkpoint(int(m.group(1)), os.path.join(root, n)) for n in os.listdir(root) if (m := _STEP_DIR.match(n))]
     return sorted(out, key=lambda c: -c.step)
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line of at most ~400 characters: its type and its message."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
 
 
 def restore_newest_intact(run_dir: str, state: "TrainState",
@@ -418,92 +282,3 @@ def load_checkpoint(ckpt: Checkpoint, state: "TrainState") -> dict[str, Any]:
     return progress
 
 
-# ---- the run-directory lock ---------------------------------------------------------------------------
-class RunLock:
-    """An exclusive lock on a run directory for the life of a run.
-
-    ``RUN_DIR/.lock`` holds the owner's pid; the lock itself is ``fcntl.flock`` on the open file, which the
-    kernel releases when the process dies, so the lock file of a dead (killed) run is simply taken over.
-    (flock is advisory and may not work across machines on some network file systems.)"""
-
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
-        self.path = os.path.join(run_dir, LOCK_FILE)
-        self.previous_owner: str | None = None  # pid written by a dead run whose lock was taken over
-        self._f = None
-
-    def acquire(self) -> "RunLock":
-        try:
-            os.makedirs(self.run_dir, exist_ok=True)
-            f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
-        except OSError as e:  # a path through a file, no permission, a read-only or full disk
-            raise RunError(f"cannot create the run directory {self.run_dir} ({e.strerror or e}); choose another "
-                           f"--out") from None
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                f.close()
-                raise
-            owner = f.read().strip() or "unknown"
-            f.close()
-            raise RunDirInUse(f"run directory {self.run_dir} is in use by another atgrpo run (pid {owner}; lock "
-                              f"{self.path}); wait for it to finish or stop it, or choose another --out") from None
-        prev = f.read().strip()
-        self.previous_owner = prev if prev and prev != str(os.getpid()) else None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._f = f
-        return self
-
-    def release(self) -> None:
-        if self._f is not None:
-            self._f.seek(0)
-            self._f.truncate()  # the file stays (deleting it would race with a waiting acquirer)
-            fcntl.flock(self._f.fileno(), fcntl.LOCK_UN)
-            self._f.close()
-            self._f = None
-
-    def __enter__(self) -> "RunLock":
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()
-
-
-# ---- stop on SIGINT / SIGTERM -------------------------------------------------------------------------
-class StopOnSignal:
-    """SIGINT (Ctrl-C) and SIGTERM ask the run to stop after the current step: the handler only sets a flag
-    that the runner checks between steps, so the stop happens at a clean point, after a checkpoint. A second
-    signal of the same kind gets the previous handler (Ctrl-C twice: KeyboardInterrupt at once). Installed
-    only in the main thread (Python delivers signals there); elsewhere the flag never rises."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def requested(self) -> bool:
-        return self.signum is not None
-
-    def _handle(self, signum, frame) -> None:
-        self.signum = signum
-        signal.signal(signum, self._previous[signum])  # a second signal: the previous behaviour
-        print(f"\natgrpo: {signal.Signals(signum).name} received: stopping after this step with a checkpoint "
-              f"(send it again to abort at once)", file=sys.stderr, flush=True)
-
-    def __enter__(self) -> "StopOnSignal":
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                prev = signal.signal(s, self._handle)
-                self._previous[s] = prev if prev is not None else signal.SIG_DFL
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
-        self._previous.clear()

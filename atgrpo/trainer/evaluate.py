@@ -1,16 +1,25 @@
-"""Held-out evaluation: one episode per evaluation-split problem, no tree, greedy by default."""
+"""Held-out evaluation: one episode per evaluation-split problem, no tree, greedy by default; and loading what
+``atgrpo eval`` evaluates (a run directory's final policies, or a config's fresh ones)."""
 
 from __future__ import annotations
 
-from typing import Callable
+import os
+from typing import Any, Callable
 
 import torch
 
+from ..config import Config, ConfigError, load_config
 from ..envs import MultiAgentEnv
 from ..policies.protocol import Policy
 from ..rollout.records import EpisodeResult
 from ..rollout.sampling import Sampling
 from ..rollout.tree import tree_rollout
+from .checkpoint import load_model_weights
+from .atomic_files import verify_dir
+from .run_dir import RunError
+from .setup import eval_sampling
+from .state import TrainState, build_state_checked, check_model_path
+from .warmstart import warm_start
 
 EVAL_BATCH = 256  # problems per batched rollout
 
@@ -35,3 +44,53 @@ def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, 
     for agent in episodes[0].returns if episodes else []:
         metrics[f"return/{agent}"] = sum(e.returns[agent] for e in episodes) / n
     return metrics, episodes
+
+
+def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
+    """Held-out metrics and episodes of the state's policies (``eval.problems`` problems, ``eval_sampling``)."""
+    cfg = state.cfg
+    return evaluate(state.make_env, state.policies, state.agent_to_policy, cfg.eval.problems, eval_sampling(cfg), seed)
+
+
+def load_policies(state: TrainState, path: str) -> None:
+    """Load the weights saved by ``save_policies`` into the state's policies (same config): full models, or
+    for L2 each role's adapter (the base model comes from the config)."""
+    problem = verify_dir(path)
+    if problem:
+        raise RunError(f"the saved policies in {path} are {'missing' if problem == 'missing' else 'damaged'}"
+                       f"{'' if problem == 'missing' else f' ({problem})'}")
+    for pid, policy in state.policies.items():
+        d = os.path.join(path, pid)
+        if not os.path.isdir(d):
+            raise FileNotFoundError(f"no saved policy {pid!r} at {d}; policies of this config: {sorted(state.policies)}")
+        load_model_weights(policy.model, d)
+
+
+def evaluate_target(target: str, overrides: list[str], progress: bool = True) -> dict[str, Any]:
+    """``atgrpo eval``: a run directory (its config and final checkpoint) or a config file (fresh policies,
+    warm-started if the config says so: the no-RL baselines)."""
+    cfg, state = load_eval_state(target, overrides, progress)
+    metrics, _ = run_eval(state, cfg.seed)
+    return {"target": target, "env": cfg.env.name, "sharing": cfg.policy.sharing, **metrics}
+
+
+def load_eval_state(target: str, overrides: list[str], progress: bool = True) -> tuple[Config, TrainState]:
+    """The config and the policies to evaluate: a run directory's final checkpoint, or a config's fresh
+    policies (warm-started if it says so)."""
+    if os.path.isdir(target):
+        cfg_path = os.path.join(target, "config.yaml")
+        if not os.path.exists(cfg_path):
+            raise ConfigError(f"{target} is not a run directory (no config.yaml)")
+        cfg = load_config(cfg_path, overrides, training=False)
+        check_model_path(cfg)
+        state = build_state_checked(cfg)
+        load_policies(state, os.path.join(target, "checkpoint", "final"))
+    elif os.path.exists(target):
+        cfg = load_config(target, overrides, training=False)
+        check_model_path(cfg)
+        state = build_state_checked(cfg)
+        if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
+            warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
+    else:
+        raise ConfigError(f"{target!r} is neither a run directory nor a config file")
+    return cfg, state

@@ -23,7 +23,7 @@ class MetricsLogger:
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, "metrics.jsonl")
         if rows is not None:
-            from .checkpoint import atomic_write_text
+            from .atomic_files import atomic_write_text
 
             atomic_write_text(self.path, "".join(_line(r) for r in rows))
         backends = list(getattr(logging, "backends", ["tensorboard"]))
@@ -97,7 +97,7 @@ def _ids(run_dir: str) -> dict[str, str]:
 
 
 def _save_id(run_dir: str, backend: str, run_id: str) -> None:
-    from .checkpoint import atomic_write_text
+    from .atomic_files import atomic_write_text
 
     ids = {**_ids(run_dir), backend: run_id}
     atomic_write_text(os.path.join(run_dir, _IDS_FILE), json.dumps(ids, indent=1) + "\n")

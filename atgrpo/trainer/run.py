@@ -16,7 +16,6 @@ import contextlib
 import copy
 import json
 import os
-import random
 import shutil
 import sys
 import time
@@ -26,21 +25,19 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from ..config import Config, ConfigError, load_config, load_resume_config  # noqa: F401 (re-exported)
+from ..config import Config
 from ..threads import choose_threads
-from .checkpoint import (CHECKPOINT_DIR, LOCK_FILE, Checkpoint, ResumeError, RunDirInUse, RunError, RunLock,
-                         StopOnSignal, atomic_write_text, latest_checkpoint, load_references, one_line,
-                         remove_leftovers, restore_newest_intact, save_checkpoint, save_policies, save_references,
-                         write_dir_atomically)
-from .evaluate import evaluate
+from .atomic_files import atomic_write_text, write_dir_atomically
+from .checkpoint import (CHECKPOINT_DIR, Checkpoint, latest_checkpoint, load_references, remove_leftovers,
+                         restore_newest_intact, save_checkpoint, save_policies, save_references)
+from .evaluate import run_eval
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
-from .setup import build_policies, env_factory, eval_sampling, route_agents
-from .step import TrainState, train_step
-from .update import make_optimizer
+from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line
+from .state import TrainState, build_state_checked, check_model_path
+from .step import train_step
 from .warmstart import warm_start
 
-__all__ = ["train", "build_state", "run_eval", "save_policies", "load_policies", "evaluate_target",
-           "load_resume_config", "NonFiniteError", "TrainingInterrupted", "RunError", "RunDirInUse", "ResumeError"]
+__all__ = ["train", "NonFiniteError", "TrainingInterrupted"]
 
 
 class NonFiniteError(RunError):
@@ -56,49 +53,10 @@ class TrainingInterrupted(Exception):
         self.step, self.checkpoint, self.run_dir = step, checkpoint, run_dir
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def build_state(cfg: Config) -> TrainState:
-    seed_everything(cfg.seed)
-    make_env = env_factory(cfg)
-    agents = make_env("train", 0).agents
-    agent_to_policy = route_agents(cfg, agents)
-    policies = build_policies(cfg, sorted(set(agent_to_policy.values())))
-    optimizers = {pid: make_optimizer(p, cfg.algo) for pid, p in policies.items()}
-    return TrainState(cfg, make_env, agent_to_policy, policies, optimizers, torch.Generator().manual_seed(cfg.seed))
-
-
-def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
-    """Held-out metrics and episodes of the state's policies (``eval.problems`` problems, ``eval_sampling``)."""
-    cfg = state.cfg
-    return evaluate(state.make_env, state.policies, state.agent_to_policy, cfg.eval.problems, eval_sampling(cfg), seed)
-
-
-def check_model_path(cfg: Config) -> None:
-    """A missing local model is named before any work starts."""
-    if cfg.model.kind == "hf" and cfg.model.path and not os.path.exists(os.path.expanduser(cfg.model.path)):
-        raise ConfigError(f"model.path={cfg.model.path!r} does not exist (model.kind=hf needs a local Hugging Face "
-                          f"model directory; nothing is downloaded)")
-
-
 def check_run_dir(run_dir: str) -> None:
     """The run directory can be one: a directory or nothing yet (the lock checks that no other run holds it)."""
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise RunError(f"run directory {run_dir!r} is a file, not a directory; choose another --out")
-
-
-def _build_checked(cfg: Config) -> TrainState:
-    """``build_state``, with a model that cannot be loaded reported as a config error naming it."""
-    try:
-        return build_state(cfg)
-    except (OSError, ValueError) as e:
-        if cfg.model.kind != "hf" or isinstance(e, ConfigError):
-            raise
-        what = f"model.path={cfg.model.path!r}" if cfg.model.path else f"model.preset={cfg.model.preset!r}"
-        raise ConfigError(f"{what} cannot be loaded: {one_line(e)}") from e
 
 
 def _warn(line: str) -> None:
@@ -243,7 +201,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
                        or os.path.isdir(os.path.join(run_dir, CHECKPOINT_DIR))):
         raise RunError(f"{run_dir} already holds a run; continue it with `atgrpo train --resume {run_dir}` "
                        f"or choose another --out")
-    state = _build_checked(cfg)
+    state = build_state_checked(cfg)
     ckpt: Checkpoint | None = None
     if resume:
         started.append(True)  # the directory is the user's run: never removed
@@ -365,47 +323,3 @@ def _finished_summary(run_dir: str) -> dict[str, Any] | None:
         return None
 
 
-def load_policies(state: TrainState, path: str) -> None:
-    """Load the weights saved by ``save_policies`` into the state's policies (same config): full models, or
-    for L2 each role's adapter (the base model comes from the config)."""
-    from .checkpoint import load_model_weights, verify_dir
-
-    problem = verify_dir(path)
-    if problem:
-        raise RunError(f"the saved policies in {path} are {'missing' if problem == 'missing' else 'damaged'}"
-                       f"{'' if problem == 'missing' else f' ({problem})'}")
-    for pid, policy in state.policies.items():
-        d = os.path.join(path, pid)
-        if not os.path.isdir(d):
-            raise FileNotFoundError(f"no saved policy {pid!r} at {d}; policies of this config: {sorted(state.policies)}")
-        load_model_weights(policy.model, d)
-
-
-def evaluate_target(target: str, overrides: list[str], progress: bool = True) -> dict[str, Any]:
-    """``atgrpo eval``: a run directory (its config and final checkpoint) or a config file (fresh policies,
-    warm-started if the config says so: the no-RL baselines)."""
-    cfg, state = load_eval_state(target, overrides, progress)
-    metrics, _ = run_eval(state, cfg.seed)
-    return {"target": target, "env": cfg.env.name, "sharing": cfg.policy.sharing, **metrics}
-
-
-def load_eval_state(target: str, overrides: list[str], progress: bool = True) -> tuple[Config, TrainState]:
-    """The config and the policies to evaluate: a run directory's final checkpoint, or a config's fresh
-    policies (warm-started if it says so)."""
-    if os.path.isdir(target):
-        cfg_path = os.path.join(target, "config.yaml")
-        if not os.path.exists(cfg_path):
-            raise ConfigError(f"{target} is not a run directory (no config.yaml)")
-        cfg = load_config(cfg_path, overrides, training=False)
-        check_model_path(cfg)
-        state = _build_checked(cfg)
-        load_policies(state, os.path.join(target, "checkpoint", "final"))
-    elif os.path.exists(target):
-        cfg = load_config(target, overrides, training=False)
-        check_model_path(cfg)
-        state = _build_checked(cfg)
-        if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
-            warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
-    else:
-        raise ConfigError(f"{target!r} is neither a run directory nor a config file")
-    return cfg, state

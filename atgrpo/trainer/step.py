@@ -11,34 +11,18 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
 
 import torch
 
 from ..algorithms.advantages import grouped_advantages
 from ..algorithms.grouping import check_group_sizes, group_index, group_key_fn, key_str
-from ..config import AlgoConfig, Config
-from ..envs import MultiAgentEnv
-from ..policies.protocol import TrainablePolicy
+from ..config import AlgoConfig
 from ..rollout.records import EpisodeResult, Sample
 from ..rollout.tree import trajectory_rollout, tree_rollout
-from .backend import Backend, LocalBackend
 from .setup import problem_seed, train_sampling
+from .state import TrainState
 from .update import UpdateStats
-
-
-@dataclass
-class TrainState:
-    cfg: Config
-    make_env: Callable[[str, int], MultiAgentEnv]
-    agent_to_policy: dict[str, str]
-    policies: dict[str, TrainablePolicy]
-    optimizers: dict[str, torch.optim.Optimizer]
-    generator: torch.Generator  # all sampling and shuffling randomness of the loop
-    references: dict[str, TrainablePolicy] = field(default_factory=dict)  # frozen, for the KL penalty
-    step: int = 0
-    backend: Backend = field(default_factory=LocalBackend)  # where rollout, env steps and updates run
 
 
 @dataclass

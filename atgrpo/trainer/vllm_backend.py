@@ -20,7 +20,7 @@ from ..config import Config, max_new_tokens_any
 from ..rollout.records import Sample
 from ..rollout.vllm_engine import EnginePolicy, LogprobGap, VLLMEngine, lora_rank_limit, shm_dir
 from .backend import LocalBackend
-from .step import TrainState
+from .state import TrainState
 
 if TYPE_CHECKING:
     from .update import UpdateStats

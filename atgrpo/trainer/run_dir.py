@@ -1,0 +1,123 @@
+"""A run directory's guards: its lock (one live run per directory), the stop-on-signal flag, and the errors a
+run reports."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+LOCK_FILE = ".lock"
+
+
+class RunError(RuntimeError):
+    """A run cannot start or continue; the message says why and what to do."""
+
+
+class RunDirInUse(RunError):
+    """Another live process holds the run directory's lock (or the directory already holds a run)."""
+
+
+class ResumeError(RunError):
+    """The run directory cannot be resumed (no config, a checkpoint that does not fit the config)."""
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line of at most ~400 characters: its type and its message."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
+
+
+# ---- the run-directory lock ---------------------------------------------------------------------------
+class RunLock:
+    """An exclusive lock on a run directory for the life of a run.
+
+    ``RUN_DIR/.lock`` holds the owner's pid; the lock itself is ``fcntl.flock`` on the open file, which the
+    kernel releases when the process dies, so the lock file of a dead (killed) run is simply taken over.
+    (flock is advisory and may not work across machines on some network file systems.)"""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, LOCK_FILE)
+        self.previous_owner: str | None = None  # pid written by a dead run whose lock was taken over
+        self._f = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+            f = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), "r+")
+        except OSError as e:  # a path through a file, no permission, a read-only or full disk
+            raise RunError(f"cannot create the run directory {self.run_dir} ({e.strerror or e}); choose another "
+                           f"--out") from None
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                f.close()
+                raise
+            owner = f.read().strip() or "unknown"
+            f.close()
+            raise RunDirInUse(f"run directory {self.run_dir} is in use by another atgrpo run (pid {owner}; lock "
+                              f"{self.path}); wait for it to finish or stop it, or choose another --out") from None
+        prev = f.read().strip()
+        self.previous_owner = prev if prev and prev != str(os.getpid()) else None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._f = f
+        return self
+
+    def release(self) -> None:
+        if self._f is not None:
+            self._f.seek(0)
+            self._f.truncate()  # the file stays (deleting it would race with a waiting acquirer)
+            fcntl.flock(self._f.fileno(), fcntl.LOCK_UN)
+            self._f.close()
+            self._f = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+# ---- stop on SIGINT / SIGTERM -------------------------------------------------------------------------
+class StopOnSignal:
+    """SIGINT (Ctrl-C) and SIGTERM ask the run to stop after the current step: the handler only sets a flag
+    that the runner checks between steps, so the stop happens at a clean point, after a checkpoint. A second
+    signal of the same kind gets the previous handler (Ctrl-C twice: KeyboardInterrupt at once). Installed
+    only in the main thread (Python delivers signals there); elsewhere the flag never rises."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+        signal.signal(signum, self._previous[signum])  # a second signal: the previous behaviour
+        print(f"\natgrpo: {signal.Signals(signum).name} received: stopping after this step with a checkpoint "
+              f"(send it again to abort at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                prev = signal.signal(s, self._handle)
+                self._previous[s] = prev if prev is not None else signal.SIG_DFL
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous.clear()
