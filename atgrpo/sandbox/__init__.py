@@ -78,7 +78,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from .confine import (_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWUSER, UID_BASE, Isolation, _child_main,
+from .confine import (_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWUSER, Isolation, _child_main,
                       _ChildPlan, isolation, leftover_processes)
 from .process import _communicate, _env, _killer, _open_init, _Pipe, _program_returncode, _workspace
 
