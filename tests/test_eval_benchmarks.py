@@ -10,10 +10,9 @@ import pytest
 
 from atgrpo.cli import main
 from atgrpo.envs import make
-from atgrpo.policies import ByteTokenizer, Completion
-from atgrpo.policies.tokenizer import EOS
 from atgrpo.rollout import Sampling
 from atgrpo.trainer.benchmarks import pass_at_k, run_benchmark
+from scripted import ScriptedBytePolicy
 
 
 @pytest.mark.parametrize("n, c, k, expected", [
@@ -33,37 +32,25 @@ def test_pass_at_k_rejects_impossible_counts():
         pass_at_k(4, 1, 5)
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(ScriptedBytePolicy):
     """Answers the plan agent of problem i with the expert path on the samples listed in ``wins[i]`` (sample j of
     a problem is the j-th copy of its prompt in a generate call) and with nothing otherwise; the tool says
     nothing. A stand-in for a model, so that the number of correct samples per problem is known."""
 
-    policy_id = "shared"
-
     def __init__(self, plan_prompts: dict[str, tuple[int, str]], wins: dict[int, set[int]]):
-        self.tok, self.plan_prompts, self.wins = ByteTokenizer(), plan_prompts, wins
+        super().__init__()
+        self.plan_prompts, self.wins = plan_prompts, wins
 
-    def render(self, prompt):
-        return prompt
-
-    def encode(self, text):
-        return self.tok.encode(text, add_bos=True)
-
-    def decode(self, ids):
-        return self.tok.decode(ids)
-
-    def generate(self, prompt_ids, n, temperature, max_new_tokens, generator=None):
+    def answers(self, prompts, n):
         seen: dict[str, int] = {}
         out = []
-        for p in prompt_ids:
-            text = self.tok.decode(p)
+        for text in prompts:
             j = seen[text] = seen.get(text, -1) + 1
             answer = ""
             if text in self.plan_prompts:
                 i, expert = self.plan_prompts[text]
                 answer = expert if j in self.wins[i] else ""
-            ids = self.tok.encode(answer) + [EOS]
-            out.append([Completion(ids, [-0.5] * len(ids), answer, True) for _ in range(n)])
+            out.append([answer] * n)
         return out
 
 

@@ -17,11 +17,10 @@ from atgrpo.algorithms.grouping import check_group_sizes, group_key_fn
 from atgrpo.bench.experts import GAMES, expert_program_outcomes
 from atgrpo.envs import MathEnv, make, programs
 from atgrpo.envs.expert_programs import BUGS
-from atgrpo.policies import ByteTokenizer, Completion
-from atgrpo.policies.tokenizer import EOS
 from atgrpo.rollout import Sampling, tree_rollout
 from atgrpo.sandbox import isolation
 from atgrpo.trainer.step import rollout_metrics
+from scripted import ScriptedBytePolicy
 
 FORMAT_PENALTY = -1.0  # the games' penalty for an unreadable answer (and a failed program)
 SMALL = {"plan_path": {"size": 5, "wall_prob": 0.2, "max_turns": 3}, "sokoban": {"size": 6, "max_turns": 3},
@@ -217,33 +216,19 @@ def test_identical_programs_run_once_in_the_one_shared_cache():
     assert len(programs._cache) == 2  # the math tool's program lands in the same cache
 
 
-class ChatScript:
+class ChatScript(ScriptedBytePolicy):
     """Test double with the policy interface the rollout uses: renders chat messages as plain text and answers
-    branch k with ``script[agent][k % len]``, so that the K candidates of a node differ."""
+    branch k with ``script(prompt_text, k)``, so that the K candidates of a node differ."""
 
     def __init__(self, policy_id, script):
-        self.policy_id, self.script, self.tok = policy_id, script, ByteTokenizer()
+        super().__init__(policy_id)
+        self.script = script
 
     def render(self, prompt):
         return _text(prompt)
 
-    def encode(self, text):
-        return self.tok.encode(text, add_bos=True)
-
-    def decode(self, ids):
-        return self.tok.decode(ids)
-
-    def generate(self, prompt_ids, n, temperature, max_new_tokens, generator=None):
-        texts = [self.tok.decode(p) for p in prompt_ids]
-        out = []
-        for t in texts:
-            row = []
-            for k in range(n):
-                s = self.script(t, k)
-                ids = self.tok.encode(s) + [EOS]
-                row.append(Completion(ids, [-0.5] * len(ids), s, True))
-            out.append(row)
-        return out
+    def answers(self, prompts, n):
+        return [[self.script(t, k) for k in range(n)] for t in prompts]
 
 
 @pytest.mark.parametrize("game", list(SMALL))

@@ -17,47 +17,32 @@ import torch
 from atgrpo.algorithms.advantages import grouped_advantages
 from atgrpo.algorithms.grouping import check_group_sizes, group_index, group_key_fn
 from atgrpo.envs import make
-from atgrpo.policies import ByteTokenizer, CausalLMPolicy, Completion, TinyModelConfig, build_tiny_model
-from atgrpo.policies.tokenizer import EOS
+from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from atgrpo.rollout import Sampling, trajectory_rollout, tree_rollout
+from scripted import ScriptedBytePolicy
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 ENV_KW = dict(size=5, wall_prob=0.2, max_turns=3)
 
 
-class ScriptedPolicy:
+class ScriptedPolicy(ScriptedBytePolicy):
     """Test double with the policy interface the rollout uses. ``script(prompt_text, n, call, row)`` returns the
     n response texts for one prompt (``call`` counts generate calls, ``row`` is the prompt's index in the call).
     A list script gives branch k the text ``script[k % len(script)]``."""
 
     def __init__(self, policy_id, script):
-        self.policy_id = policy_id
+        super().__init__(policy_id)
         self.script = script if callable(script) else (lambda prompt, n, call, row: [script[k % len(script)]
                                                                                      for k in range(n)])
-        self.tok = ByteTokenizer()
         self.calls: list[list[str]] = []
 
     def render(self, prompt):
         assert isinstance(prompt, str)
         return prompt
 
-    def encode(self, text):
-        return self.tok.encode(text, add_bos=True)
-
-    def decode(self, ids):
-        return self.tok.decode(ids)
-
-    def generate(self, prompt_ids, n, temperature, max_new_tokens, generator=None):
-        texts = [self.tok.decode(p) for p in prompt_ids]
-        self.calls.append(texts)
-        out = []
-        for i, t in enumerate(texts):
-            row = []
-            for s in self.script(t, n, len(self.calls) - 1, i):
-                ids = self.tok.encode(s) + [EOS]
-                row.append(Completion(ids, [-0.5] * len(ids), s, True))
-            out.append(row)
-        return out
+    def answers(self, prompts, n):
+        self.calls.append(prompts)
+        return [self.script(t, n, len(self.calls) - 1, i) for i, t in enumerate(prompts)]
 
 
 def _envs(seeds, **kw):
