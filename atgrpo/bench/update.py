@@ -101,8 +101,12 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
         res[m]["model_flops"] = model_flops(policy, prompts, responses, shared)
         res[m]["mfu"] = res[m]["model_flops"] / res[m]["median_s"] / peak
     speedup = res["per_sample"]["median_s"] / res["shared_prefix"]["median_s"]
+    flop_bound = res["per_sample"]["model_flops"] / res["shared_prefix"]["model_flops"]
+    # the tiny preset's target; a real model's shape has its own FLOP bound (SmolLM2 preset: 3.6x), the report
+    # gives the speed-up as a share of it
+    targets = {"shared_prefix_vs_per_sample": 4.5} if shape.model == "tiny" else {}
     result = {"bench": "update", "shape": shape_dict(shape), "machine": machine(), "methods": res,
-              "ratios": {"shared_prefix_vs_per_sample": speedup}, "targets": {"shared_prefix_vs_per_sample": 4.5},
+              "ratios": {"shared_prefix_vs_per_sample": speedup}, "flop_bound": flop_bound, "targets": targets,
               "matmul_peak_flops": peak, "grad_max_abs_diff": diff, "grad_max_abs": scale,
               "loss": losses, "grads_equal": diff <= 1e-5 + 1e-4 * scale,
               "params": policy.num_parameters(), "command": command}
@@ -110,7 +114,8 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
              100 * res[m]["mfu"]) for m in res]
     write_report(out_dir, name, result, rows, ("method", "response tokens", "median s", "tokens/s",
                                                "GFLOP", "MFU %"),
-                 [f"shared-prefix vs per-sample: {speedup:.2f}x (target >= 4.5x)",
+                 [f"shared-prefix vs per-sample: {speedup:.2f}x, {100 * speedup / flop_bound:.0f}% of the FLOP bound "
+                  f"{flop_bound:.2f}x" + (" (target >= 4.5x)" if targets else ""),
                   f"gradients: max |diff| {diff:.2e} (max |grad| {scale:.2e}); losses {losses}",
                   f"matmul peak {peak / 1e9:.1f} GFLOP/s ({peak_n}^3 float32); params {policy.num_parameters()}; "
                   f"model {shape.model}"])
