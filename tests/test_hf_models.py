@@ -317,6 +317,7 @@ def test_smollm2_lora_two_at_grpo_steps_change_each_adapter_not_the_base():
     assert all("lora_" in n for n in changed), "base weights changed"
 
 
+@pytest.mark.slow  # the default suite keeps one SmolLM2 test (above); the tiny HF directory covers reloading
 @needs_smollm2
 def test_smollm2_lora_checkpoint_reloads_with_plain_transformers_and_peft(tmp_path):
     """(c) on the real model: the saved adapter + tokenizer, the base from adapter_config.json, same greedy text."""

@@ -2,7 +2,8 @@
 text for every agent, in both prompt styles, at turn 0 and turn 1, and scores it with finite rewards; text that
 cannot be an answer sets ``info["parse_error"]`` or gets a negative local reward (a format penalty).
 
-The code and math environments run programs in the sandbox at every step, so they get few examples.
+The code and math environments run programs in the sandbox at every step, and so does a game's tool agent in
+``code`` mode (the chat style's default): those get few examples.
 """
 
 import math
@@ -78,8 +79,12 @@ def _step(pre, text):
     return res
 
 
-def _fuzz_settings(name, scale=1.0):
-    n = 30 if name in SANDBOXED else 200
+def _sandboxed(name, style):
+    return name in SANDBOXED or getattr(make(name, style=style), "tool_mode", None) == "code"
+
+
+def _fuzz_settings(name, style, scale=1.0):
+    n = 30 if _sandboxed(name, style) else 200
     return settings(max_examples=max(4, int(n * scale)), deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -88,7 +93,7 @@ def _fuzz_settings(name, scale=1.0):
 @pytest.mark.parametrize("name", ENVS)
 def test_adversarial_text_is_parsed_by_every_agent(name, style):
     for pre in _prestates(name, style):
-        for text in ADVERSARIAL if name not in SANDBOXED else ADVERSARIAL[::3]:
+        for text in ADVERSARIAL if not _sandboxed(name, style) else ADVERSARIAL[::3]:
             _step(pre, text)
 
 
@@ -97,7 +102,7 @@ def test_adversarial_text_is_parsed_by_every_agent(name, style):
 def test_random_text_never_raises_and_scores_finite(name, style):
     pres = _prestates(name, style)
 
-    @_fuzz_settings(name)
+    @_fuzz_settings(name, style)
     @given(text=ANY_TEXT, which=st.integers(0, len(pres) - 1))
     def check(text, which):
         _step(pres[which], text)
@@ -109,7 +114,7 @@ def test_random_text_never_raises_and_scores_finite(name, style):
 def test_unparsable_text_is_flagged_or_penalised(name, style):
     pres = _prestates(name, style)
 
-    @_fuzz_settings(name, scale=0.5)
+    @_fuzz_settings(name, style, scale=0.5)
     @given(text=JUNK_TEXT, which=st.integers(0, len(pres) - 1))
     def check(text, which):
         res = _step(pres[which], text)
