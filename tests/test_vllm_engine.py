@@ -280,8 +280,8 @@ def test_l2_each_role_served_with_its_adapter_and_adapter_sync(l2):
 
 # ---- two AT-GRPO steps end to end ----------------------------------------------------------------------------
 @needs_vllm
-@pytest.mark.parametrize("sharing", ["L1", "L2"])
-def test_two_train_steps_with_the_vllm_engine(tmp_path, hf_dir, sharing):
+@pytest.mark.parametrize("sharing", [pytest.param("L1", marks=pytest.mark.slow), "L2"])  # L1's full-weight sync:
+def test_two_train_steps_with_the_vllm_engine(tmp_path, hf_dir, sharing):  # also test_full_weight_sync_... (fast)
     import json
 
     from atgrpo.trainer.run import train
