@@ -42,3 +42,26 @@ def write_tiny_hf_dir(d: str, add_bos: bool = False, chat_template: str = CHAT_T
     model.save_pretrained(d)
     fast.save_pretrained(d)
     return d
+
+
+# ---- shared by the real-model tests (test_hf_models.py, test_hf_warmstart.py) --------------------------------
+TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
+        "model.tiny.intermediate_size=64", "rollout.K=4", "rollout.problems_per_step=4", "rollout.max_new_tokens=8",
+        "warmstart.enabled=false", "train.tensorboard=false", "train.plot=false", "eval.problems=2", "train.steps=2"]
+
+
+def hf_overrides(hf_dir: str, *extra: str) -> list[str]:
+    """Overrides of a short run on the tiny Hugging Face directory ``hf_dir``, chat prompts."""
+    # byte-level tokens: a chat prompt with the tool's program (code mode) runs past 1024
+    return TINY + ["model.kind=hf", f"model.path={hf_dir}", "env.style=chat", "model.max_prompt_tokens=4096", *extra]
+
+
+def snapshot(model) -> dict[str, torch.Tensor]:
+    """A copy of every parameter, by name."""
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def changed_params(before: dict[str, torch.Tensor], model) -> set[str]:
+    """Names of the parameters that differ from ``before`` (a ``snapshot``)."""
+    now = dict(model.named_parameters())
+    return {n for n in before if not torch.equal(before[n], now[n])}

