@@ -69,6 +69,9 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # hf: recompute activations in backward (needs algo.shared_prefix=false)
     tiny: TinyConfig = field(default_factory=TinyConfig)
     dtype: DType = "float32"  # float32 on CPU; bfloat16 on GPU
+    # bfloat16: forward/backward under torch.autocast on the weights of `dtype` (float32 master weights and AdamW
+    # states with dtype=float32); the LM head stays in the weights' dtype. docs/models.md, "Precision and memory"
+    autocast: Literal["none", "bfloat16"] = "none"
     device: str = "cpu"
     max_prompt_tokens: int = at_least(1024, 1)
 

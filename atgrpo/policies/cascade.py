@@ -95,7 +95,11 @@ def two_part_attention(br: Branches, query, prompt_k, prompt_v, own_k, own_v, sc
     Scores, maxima and sums are float32 (as the eager attention's softmax); masks are additive biases (cheaper
     than a broadcast ``masked_fill`` on CPU). The maxima are constants for autograd (the
     result does not depend on them), so the backward is the plain attention's."""
-    if _FLASH_CPU is not None and query.device.type == "cpu" and not torch.is_grad_enabled():
+    dev = query.device.type
+    if torch.is_autocast_enabled(dev):  # model.autocast: matmuls in its dtype, as torch's own attention under it
+        dt = torch.get_autocast_dtype(dev)
+        query, prompt_k, prompt_v, own_k, own_v = (x.to(dt) for x in (query, prompt_k, prompt_v, own_k, own_v))
+    if _FLASH_CPU is not None and dev == "cpu" and not torch.is_grad_enabled():
         return _flash_cpu(br, query, prompt_k, prompt_v, own_k, own_v, scale, n_rep)
     M, S = query.shape[-2], own_k.shape[-2]
     q = query * scale

@@ -17,6 +17,7 @@ import torch
 from ..config import Config, ConfigError
 from ..envs import MultiAgentEnv, make
 from ..policies import ByteTokenizer, CausalLMPolicy, build_tiny_model
+from ..policies.precision import apply_autocast
 from ..rollout.sampling import Sampling
 
 
@@ -76,13 +77,15 @@ def _base_model(cfg: Config, n: int):
     """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model."""
     if cfg.model.kind == "tiny":
         model = build_tiny_model(cfg.model.tiny, seed=cfg.seed * 1000 + n)
-        return model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer()
-    from ..policies.hf import ModelNotFound, load_hf_model
+        model, tok = model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer()
+    else:
+        from ..policies.hf import ModelNotFound, load_hf_model
 
-    try:
-        return load_hf_model(cfg.model)
-    except ModelNotFound as e:
-        raise ConfigError(str(e)) from None
+        try:
+            model, tok = load_hf_model(cfg.model)
+        except ModelNotFound as e:
+            raise ConfigError(str(e)) from None
+    return apply_autocast(model.to(cfg.model.device), cfg.model.autocast), tok
 
 
 def _policy(cfg: Config, pid: str, model, tok) -> CausalLMPolicy:
