@@ -5,6 +5,7 @@
     atgrpo eval  (RUN_DIR | CONFIG.yaml) [dotted.key=value ...]
     atgrpo envs
     atgrpo bench (rollout | update | step | all) [--preset issue|quickstart] [--out bench_out]
+    atgrpo plan-memory [CONFIG.yaml] [dotted.key=value ...] [--model NAME | --model-config PATH] [--gpu-gb 80]
 
 Every failure ends in one line on stderr (``atgrpo: ...``) and an exit status; ``--debug`` adds the traceback:
 
@@ -104,6 +105,55 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_plan_memory(args) -> int:
+    from . import plan_memory as pm
+    from .config.loading import read_config
+    from .config.schema import check_fields
+
+    path, overrides = _split_args(args.items)
+    cfg = read_config(path, overrides)  # a plan for a GPU machine may be made on a laptop: no device checks
+    check_fields(cfg)
+    shape = _plan_shape(cfg, args.model, args.model_config)
+    roles = 1  # L0 / L1: one policy; L2 / L3: one per role (trainer/setup.route_agents)
+    if cfg.policy.sharing in ("L2", "L3"):
+        from .envs import make
+
+        roles = len(make(cfg.env.name, style=cfg.env.style, **cfg.env.kwargs).agents)
+    settings = pm.settings_from_config(cfg, roles, args.prompt_tokens, args.new_tokens)
+    try:
+        print(pm.format_plan(shape, settings, args.gpu_gb))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    return 0
+
+
+def _plan_shape(cfg, model: str | None, model_config: str | None):
+    """The model shape to plan for: --model (built-in table), --model-config, model.tiny.*, or the config.json of
+    the configured model directory (never the weights)."""
+    from . import plan_memory as pm
+
+    if model:
+        if model not in pm.BUILTIN_SHAPES:
+            raise ConfigError(f"--model {model!r} is not known; choose one of: {', '.join(pm.BUILTIN_SHAPES)}")
+        return pm.BUILTIN_SHAPES[model]
+    if model_config is None and cfg.model.kind == "tiny":
+        from .policies.tokenizer import VOCAB_SIZE
+
+        t = cfg.model.tiny
+        return pm.tiny_shape(t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, VOCAB_SIZE)
+    if model_config is None:
+        from .policies.hf import cache_root
+
+        model_config = (os.path.join(cache_root(), cfg.model.preset) if cfg.model.preset
+                        else os.path.expanduser(cfg.model.path or ""))
+    f = os.path.join(model_config, "config.json") if os.path.isdir(model_config) else model_config
+    if not os.path.isfile(f):
+        raise ConfigError(f"no config.json at {f!r} to plan with (a preset's is written by its first load, "
+                          f"e.g. atgrpo eval CONFIG eval.problems=1); give --model-config PATH or --model "
+                          f"{' | '.join(pm.BUILTIN_SHAPES)}")
+    return pm.read_hf_config(f)
+
+
 def cmd_envs(args) -> int:
     from .envs import registered
 
@@ -185,6 +235,15 @@ def _main(argv: list[str], debug: bool) -> int:
     p.add_argument("--out", help="--benchmarks: output directory (default RUN_DIR/eval, or eval_out/ for a config)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("plan-memory", help="memory per model (weights, grads, optimizer, activations, KV cache) "
+                                           "and the GPUs a config needs, from its model's shape alone")
+    p.add_argument("items", nargs="*", help="[CONFIG.yaml] [dotted.key=value ...]")
+    p.add_argument("--model", metavar="NAME", help="plan for a built-in shape instead: qwen3-1.7b, qwen3-8b")
+    p.add_argument("--model-config", metavar="PATH", help="plan for the model of this config.json (or directory)")
+    p.add_argument("--gpu-gb", type=float, default=80.0, help="GiB of memory per GPU (default 80)")
+    p.add_argument("--prompt-tokens", type=int, help="the longest prompt (default model.max_prompt_tokens)")
+    p.add_argument("--new-tokens", type=int, help="the longest response (default rollout.max_new_tokens)")
+    p.set_defaults(func=cmd_plan_memory)
     p = sub.add_parser("envs", help="list the registered environments")
     p.set_defaults(func=cmd_envs)
     p = sub.add_parser("bench", help="performance benchmarks: rollout | update | step | all (JSON + markdown)")

@@ -110,6 +110,16 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
                 training: bool = True) -> Config:
     """Defaults <- YAML file <- overrides, then validated (``training=False``: for evaluation only, which
     accepts settings that only training refuses, such as ``rollout.K=1``)."""
+    cfg = read_config(path, overrides)
+    validate(cfg, training=training)
+    return cfg
+
+
+def read_config(path: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults <- YAML file <- overrides, every key and value checked against its field's type, without the
+    checks of combinations, the environment and this machine (``load_config`` adds those). ``atgrpo
+    plan-memory`` reads configs meant for another machine (``model.device=cuda``, a ``model.path`` that is not
+    here) this way."""
     data = Config().to_dict()
     if path:
         loaded = read_yaml_file(path)
@@ -125,9 +135,7 @@ def load_config(path: str | None = None, overrides: list[str] | tuple[str, ...] 
         data = _merge(data, loaded)
     for item in overrides:
         apply_override(data, _renamed_override(item))
-    cfg = _build(Config, data, "")
-    validate(cfg, training=training)
-    return cfg
+    return _build(Config, data, "")
 
 
 def load_resume_config(run_dir: str, overrides: list[str] | tuple[str, ...] = ()) -> Config:

