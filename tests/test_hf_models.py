@@ -213,7 +213,7 @@ def test_hf_directory_chat_template_and_enable_thinking(hf_dir):
     assert off.eos_id == 4 and off.model.dtype == torch.float32
 
 
-@pytest.mark.parametrize("extra", [[], ["model.gradient_checkpointing=true", "algo.shared_prefix=false"]])
+@pytest.mark.parametrize("extra", [[], ["model.gradient_checkpointing=true"]])
 def test_hf_l2_cli_run(tmp_path, hf_dir, extra):
     args = hf_overrides(hf_dir, "policy.sharing=L2", "train.steps=1", *extra)
     assert main(["train", *args, "--out", str(tmp_path / "r"), "--quiet"]) == 0
@@ -235,7 +235,6 @@ def test_other_model_config_errors(tmp_path, hf_dir):
              (["model.kind=hf", f"model.path={tmp_path}", "model.gguf_file=x.gguf"], "x.gguf"),
              (["model.kind=hf", "model.preset=llama-7b"], "smollm2-135m"),
              (["model.preset=smollm2-135m"], "model.kind=hf"),
-             (["model.kind=hf", f"model.path={hf_dir}", "model.gradient_checkpointing=true"], "shared_prefix"),
              (["policy.sharing=L2", "policy.lora.rank=0"], "policy.lora.rank"),
              (["policy.sharing=L2", "policy.lora.target_modules=3"], "policy.lora.target_modules")]
     for overrides, needle in cases:

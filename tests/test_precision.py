@@ -60,6 +60,20 @@ def test_autocast_runs_matmuls_in_bfloat16_and_keeps_logits_float32():
         apply_autocast(mixed.model, "bfloat16")
 
 
+def test_a_deepcopy_runs_its_own_weights_under_autocast():
+    """The KL reference is a deepcopy of the policy: its autocast forward must run the copy, not the original."""
+    _, mixed = _pair(4)
+    ref = CausalLMPolicy("ref", copy.deepcopy(mixed.model), ByteTokenizer())
+    x = torch.tensor([mixed.encode("abc")])
+    with torch.no_grad():
+        before = ref.model(input_ids=x).logits
+        for p in mixed.model.parameters():
+            p.add_(0.05)  # the policy trains; the reference must not move
+        torch.testing.assert_close(ref.model(input_ids=x).logits, before, atol=0, rtol=0)
+        assert not torch.allclose(mixed.model(input_ids=x).logits, before)
+    assert _matmul_dtypes(ref) == {torch.bfloat16}
+
+
 def test_sampled_logprobs_match_scored_logprobs_under_autocast():
     """Cascade decoding (sampling) and the loss's scoring under autocast see the same distribution: the
     importance ratio starts at 1 up to bfloat16 rounding."""

@@ -240,10 +240,6 @@ def _validate_model(cfg: Config) -> None:
         err = model_source_error(m.path, m.gguf_file)
         if err:
             raise ConfigError(err)
-    if m.gradient_checkpointing and cfg.algo.shared_prefix:
-        raise ConfigError("model.gradient_checkpointing=true recomputes layers in the backward pass, where "
-                          "algo.shared_prefix=true's attention (responses on their prompt's keys) is no longer in "
-                          "place; set algo.shared_prefix=false with it")
 
 
 def _validate_lora(cfg: Config) -> None:

@@ -66,7 +66,7 @@ class ModelConfig:
     preset: str | None = None  # hf: a named model, e.g. smollm2-135m (see docs/models.md)
     gguf_file: str | None = None  # hf: a GGUF file in `path` (dequantized once, cached); with a preset, its file
     enable_thinking: bool = False  # hf: passed to the chat template (Qwen3's thinking mode; the paper: off)
-    gradient_checkpointing: bool = False  # hf: recompute activations in backward (needs algo.shared_prefix=false)
+    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass (less memory)
     tiny: TinyConfig = field(default_factory=TinyConfig)
     dtype: DType = "float32"  # float32 on CPU; bfloat16 on GPU
     # bfloat16: forward/backward under torch.autocast on the weights of `dtype` (float32 master weights and AdamW

@@ -230,6 +230,30 @@ def active(model, state) -> Iterator[None]:
             c._attn_implementation = s
 
 
+def checkpoint_context(model):
+    """``context_fn`` for ``torch.utils.checkpoint`` (non-reentrant) on ``model``'s layers: gradient checkpointing
+    recomputes a layer's forward during the backward pass, after ``active`` has restored the model's own
+    attention, so a prefix-tree forward would be recomputed with plain causal attention over the packed sequence
+    (wrong gradients). Each checkpointed call captures the tree or cache active when it ran and reinstates it
+    around its recompute, so the recomputed forward is the one that ran."""
+    def context_fn():
+        state = _ACTIVE[-1] if _ACTIVE else None
+        return contextlib.nullcontext(), (active(model, state) if state is not None else contextlib.nullcontext())
+
+    return context_fn
+
+
+def enable_checkpointing(model) -> None:
+    """Gradient (activation) checkpointing of a transformers model's layers, non-reentrant, with the attention
+    in use made part of each recomputed forward (``checkpoint_context``)."""
+    kwargs = {"use_reentrant": False, "context_fn": checkpoint_context(model)}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x; older: gradient_
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 for _name, _fn in ((ATTN_NAME, cascade_attention), (TREE_NAME, tree_attention)):
     AttentionInterface.register(_name, _fn)
     AttentionMaskInterface.register(_name, lambda *args, **kwargs: None)  # masks come from the cache or tree

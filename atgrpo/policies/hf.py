@@ -223,8 +223,7 @@ def resolve_model_dir(mcfg) -> str:
 
 
 def load_hf_model(mcfg):
-    """(model, tokenizer) for a ``ModelConfig`` with ``kind: hf``: dtype and device from the config, gradient
-    checkpointing if asked for. The tokenizer gets a pad token (EOS) when it has none."""
+    """(model, tokenizer) for a ``ModelConfig`` with ``kind: hf``: dtype and device from the config. The tokenizer gets a pad token (EOS) when it has none."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -242,12 +241,6 @@ def load_hf_model(mcfg):
         tok.pad_token = tok.eos_token
     if tok.eos_token_id is None:
         raise ValueError(f"the tokenizer of {path} has no EOS token; generation could never stop")
-    if mcfg.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.2x; older: gradient_
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(mcfg.device), tok
 
 

@@ -20,7 +20,7 @@ weights and ``save_pretrained`` are untouched.
 
 from __future__ import annotations
 
-import functools
+import types
 
 import torch
 import torch.nn.functional as F
@@ -34,35 +34,32 @@ def _device_type(model: torch.nn.Module) -> str:
 
 def apply_autocast(model: torch.nn.Module, autocast: str) -> torch.nn.Module:
     """Run ``model``'s forward under ``torch.autocast`` in ``autocast`` ("none": leave it as it is), its output
-    layer in its weights' dtype. Call after the model is on its device. Returns the same model."""
+    layer in its weights' dtype. Call after the model is on its device. Returns the same model.
+
+    The wrappers are methods bound to the model (and the head), so ``copy.deepcopy`` (the KL reference policy)
+    rebinds them to the copy instead of running the original's weights."""
     if autocast == "none":
         return model
     if autocast not in AUTOCAST_DTYPES:
         raise ValueError(f"model.autocast={autocast!r}: expected none or one of {sorted(AUTOCAST_DTYPES)}")
-    dtype, device_type = AUTOCAST_DTYPES[autocast], _device_type(model)
     if getattr(model, "atgrpo_autocast", None) is not None:
         raise ValueError("apply_autocast: this model already runs under autocast")
-    forward = model.forward
-
-    @functools.wraps(forward)
-    def autocast_forward(*args, **kwargs):
-        with torch.autocast(device_type=device_type, dtype=dtype):
-            return forward(*args, **kwargs)
-
-    model.forward = autocast_forward
+    model.atgrpo_autocast = (_device_type(model), AUTOCAST_DTYPES[autocast])
+    model.forward = types.MethodType(_autocast_forward, model)
     head = model.get_output_embeddings()
     if head is not None:
-        _exact_head(head, device_type)
-    model.atgrpo_autocast = autocast
+        head.atgrpo_device_type = model.atgrpo_autocast[0]
+        head.forward = types.MethodType(_exact_head_forward, head)
     return model
 
 
-def _exact_head(head: torch.nn.Linear, device_type: str) -> None:
+def _autocast_forward(self, *args, **kwargs):
+    device_type, dtype = self.atgrpo_autocast
+    with torch.autocast(device_type=device_type, dtype=dtype):
+        return type(self).forward(self, *args, **kwargs)
+
+
+def _exact_head_forward(self, x: torch.Tensor) -> torch.Tensor:
     """The LM head with autocast off: its input cast to the weights' dtype, one matmul in that dtype."""
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=device_type, enabled=False):
-            return F.linear(x.to(head.weight.dtype), head.weight, head.bias)
-
-    head.forward = forward
-
+    with torch.autocast(device_type=self.atgrpo_device_type, enabled=False):
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)

@@ -16,7 +16,8 @@ Samples are grouped by their ``prompt_ids`` (not by group key), so any grouping 
 repeat; a prompt seen once is simply a group of one. ``plan_chunks`` packs whole prompt groups into
 micro-batches under a padded-token budget, sorted by length so padding stays small; ``shared_prefix_logprobs``
 scores one micro-batch. Responses are right-padded; position ids count real tokens only, so padding changes
-nothing.
+nothing. With gradient checkpointing the prefix tree is part of each recomputed layer forward
+(``cascade.enable_checkpointing``); the two-pass path cannot be checkpointed (its prompt cache is dropped) and says so.
 """
 
 from __future__ import annotations
@@ -128,6 +129,10 @@ def shared_prefix_logprobs(policy: TrainablePolicy, prompt_ids: Sequence[Sequenc
         targets[r, :len(response_ids[i])] = torch.tensor(list(response_ids[i]), dtype=torch.long)
         mask[r, :len(response_ids[i])] = 1
     targets, mask = targets.to(dev), mask.to(dev)
+    if not policy.cascade and _checkpointing(policy.model) and torch.is_grad_enabled():
+        raise ValueError("algo.shared_prefix=true with model.gradient_checkpointing=true needs an architecture with "
+                         "prefix-tree attention (Llama, Qwen2, Qwen3): this model's two-pass scoring keeps the "
+                         "prompts' keys in a cache, which checkpointed layers drop; set algo.shared_prefix=false")
     first, rest = (_tree_logits if policy.cascade else _two_pass_logits)(policy, prompts, row_group, rin.to(dev))
     logp = torch.cat([token_logprobs(first[row_group], targets[:, :1], temperature),  # token 0: the prompt's
                       token_logprobs(rest, targets[:, 1:], temperature)], dim=1) * mask  # last position; (R, T)
@@ -135,6 +140,12 @@ def shared_prefix_logprobs(policy: TrainablePolicy, prompt_ids: Sequence[Sequenc
     inv[torch.tensor(order)] = torch.arange(B)
     inv = inv.to(dev)
     return logp[inv], mask[inv]
+
+
+def _checkpointing(model) -> bool:
+    """Whether ``model``'s layers run with gradient checkpointing (transformers' flag on its layers)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # L2: the shared base
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules())
 
 
 def _tree_logits(policy: TrainablePolicy, prompts: list[list[int]], row_group: torch.Tensor,

@@ -17,6 +17,7 @@ import torch
 from ..config import Config, ConfigError
 from ..envs import MultiAgentEnv, make
 from ..policies import ByteTokenizer, CausalLMPolicy, build_tiny_model
+from ..policies.cascade import enable_checkpointing
 from ..policies.precision import apply_autocast
 from ..rollout.sampling import Sampling
 
@@ -74,7 +75,8 @@ def build_policy(cfg: Config, pid: str, policy_ids: list[str]) -> CausalLMPolicy
 
 
 def _base_model(cfg: Config, n: int):
-    """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model."""
+    """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model, on its
+    device, with gradient checkpointing and autocast as configured."""
     if cfg.model.kind == "tiny":
         model = build_tiny_model(cfg.model.tiny, seed=cfg.seed * 1000 + n)
         model, tok = model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer()
@@ -85,6 +87,8 @@ def _base_model(cfg: Config, n: int):
             model, tok = load_hf_model(cfg.model)
         except ModelNotFound as e:
             raise ConfigError(str(e)) from None
+    if cfg.model.gradient_checkpointing:
+        enable_checkpointing(model)
     return apply_autocast(model.to(cfg.model.device), cfg.model.autocast), tok
 
 
