@@ -122,6 +122,9 @@ def cmd_plan_memory(args) -> int:
     settings = pm.settings_from_config(cfg, roles, args.prompt_tokens, args.new_tokens)
     try:
         print(pm.format_plan(shape, settings, args.gpu_gb))
+        if cfg.rollout.engine == "vllm":
+            print("rollout.engine=vllm: the rollout's KV cache is vLLM's, in its own process "
+                  "(rollout.vllm.gpu_memory_utilization of the GPU), not the kv_cache and sampling above")
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return 0

@@ -325,16 +325,18 @@ class GpuFit:
     - Local backend: every model on ``model.device``, one GPU: every model's weights and optimizer, the largest
       transient (rollout or update: models take turns), one runtime.
     - Ray backend with ``system.ray.gpus_per_worker=1``: one pool per policy (L2: per role, each worker rebuilding
-      the base with every adapter), each a rollout worker (weights + rollout + runtime) and an update worker
-      (weights + its optimizer + update + runtime) on a GPU of its own.
-    A worker that needs more than one GPU makes the run impossible here: atgrpo does not shard a model."""
+      the base with every adapter), each with ``rollout_workers`` rollout workers (weights + runtime + their
+      share of the rollout: the problems of a step are split among them, and the KV cache and prefill with them)
+      and one update worker (weights + its optimizer + update + runtime), each on a GPU of its own.
+    None where a worker cannot fit one GPU: atgrpo does not shard a model."""
 
     local_bytes: int
     local_fits: bool
     pools: int
-    rollout_worker_bytes: int
+    rollout_workers: int | None  # per pool
+    rollout_worker_bytes: int  # each, with that many workers
     update_worker_bytes: int
-    ray_gpus: int | None  # 2 per pool; None: a worker does not fit one GPU
+    ray_gpus: int | None  # pools * (rollout_workers + 1)
 
 
 def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
@@ -343,10 +345,14 @@ def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
              + max(p.runtime for p in plans))
     pools = r.roles if r.sharing == "L2" else len(plans)
     share = r.roles if r.sharing == "L2" else 1  # an L2 update worker holds one role's optimizer
-    rollout = max(p.weights + p.rollout + p.runtime for p in plans)
+    fixed = max(p.weights + p.runtime for p in plans)
+    rollout = max(p.rollout for p in plans)
+    n = math.ceil(rollout / (gpu_bytes - fixed)) if gpu_bytes > fixed else None
+    n = None if n is None or n > r.problems else max(1, n)
     update = max(p.weights + p.optimizer // share + p.update + p.runtime for p in plans)
-    fits = max(rollout, update) <= gpu_bytes
-    return GpuFit(local, local <= gpu_bytes, pools, rollout, update, 2 * pools if fits else None)
+    ok = n is not None and update <= gpu_bytes
+    return GpuFit(local, local <= gpu_bytes, pools, n, fixed + math.ceil(rollout / (n or 1)), update,
+                  pools * (n + 1) if ok else None)
 
 
 # ---- the report -------------------------------------------------------------------------------------------------
@@ -380,14 +386,14 @@ def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
         lines.append(f"dominant term of {p.name}: {p.dominant()}")
     lines.append(f"one GPU of {gpu_gb:g} GiB (local backend, model.device=cuda): needs {_gib(fit.local_bytes)} GiB: "
                  + ("fits: 1 GPU" if fit.local_fits else "does not fit"))
-    ray = (f"several GPUs (system.backend=ray system.ray.gpus_per_worker=1, {fit.pools} "
-           f"pool{'s' if fit.pools > 1 else ''}: rollout worker {_gib(fit.rollout_worker_bytes)} GiB, update worker "
-           f"{_gib(fit.update_worker_bytes)} GiB): ")
+    ray = "several GPUs (system.backend=ray system.ray.gpus_per_worker=1"
     if fit.ray_gpus is None:
-        ray += ("a worker does not fit one GPU; atgrpo does not shard a model over GPUs: lower "
-                "algo.update_token_budget, use L2 or bfloat16, or model.gradient_checkpointing=true, "
-                "or larger GPUs")
+        ray += (f"): a worker does not fit one GPU (update worker {_gib(fit.update_worker_bytes)} GiB); atgrpo does "
+                "not shard a model over GPUs: lower algo.update_token_budget, use L2 or bfloat16, or "
+                "model.gradient_checkpointing=true, or larger GPUs")
     else:
-        ray += f"{fit.ray_gpus} GPUs"
+        ray += (f" system.ray.num_rollout_workers={fit.rollout_workers}): {fit.ray_gpus} GPUs: per policy pool "
+                f"(x{fit.pools}) {fit.rollout_workers} rollout worker{'s' if fit.rollout_workers > 1 else ''} of "
+                f"{_gib(fit.rollout_worker_bytes)} GiB + 1 update worker of {_gib(fit.update_worker_bytes)} GiB")
     lines.append(ray)
     return "\n".join(lines)

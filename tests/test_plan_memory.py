@@ -91,8 +91,14 @@ def test_gpu_fit():
     plans = pm.plan(SHAPE, r)
     fit = pm.fit_gpus(plans, r, 2 * pm.GIB)
     assert fit.local_fits and fit.local_bytes == 2 * (5408 + 10816) + 5408 + 22016 + pm.GIB
-    assert fit.pools == 2 and fit.ray_gpus == 4
+    assert fit.pools == 2 and fit.rollout_workers == 1 and fit.ray_gpus == 4
     assert pm.fit_gpus(plans, r, pm.GIB).ray_gpus is None  # the runtime term alone fills a 1 GiB GPU
+    # a GPU with room for the weights, the runtime and half of the rollout: two rollout workers per pool
+    room = 5408 + pm.GIB + (2496 + 4560) // 2
+    fit = pm.fit_gpus(plans, r, room)
+    assert (fit.rollout_workers, fit.rollout_worker_bytes, fit.ray_gpus) == (2, room, None)  # update too big
+    big_update = pm.fit_gpus(plans, pm.RunSettings(**{**r.__dict__, "problems": 1}), room)
+    assert big_update.rollout_workers is None  # one problem cannot be split over two workers
 
 
 def test_parameter_counts_match_real_models():
