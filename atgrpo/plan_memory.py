@@ -221,20 +221,34 @@ def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings) -> int:
     return b
 
 
+def autocast_extra_bytes(s: ModelShape, r: RunSettings) -> tuple[int, int]:
+    """Under ``model.autocast`` on weights of another dtype (float32): ``(per token per layer, once)``. The
+    RMSNorms compute in float32 (their ``6 * hidden`` kept elements are float32, not bfloat16) and the linears
+    keep bfloat16 casts of the two norm outputs (``2 * hidden``); torch keeps one bfloat16 copy of every weight
+    that autocast casts (all but the embedding and the LM head, which runs in its weights' dtype) for the backward."""
+    if not r.compute_dtype or r.compute_dtype == r.dtype:
+        return 0, 0
+    b, w = DTYPE_BYTES[r.compute_dtype], DTYPE_BYTES[r.dtype]
+    per_token_layer = 6 * s.hidden * (w - b) + 2 * s.hidden * b
+    return per_token_layer, (num_params(s) - s.vocab * s.hidden * (1 if s.tied else 2)) * b
+
+
 def activation_bytes(s: ModelShape, r: RunSettings) -> int:
     """Peak activation memory of the update's largest forward/backward (``micro_batch``):
 
-    kept activations of every layer (``layer_activation_elements`` x tokens, in the model's dtype, plus
-    ``response_attention_bytes`` x response tokens), the final norm (``3 * hidden`` per token),
-    the logits (``logits_bytes``), and one layer's worth again for the gradients the backward makes while it
-    walks through a layer. With gradient checkpointing each layer keeps only its input (``hidden`` per token)
-    and the one layer being recomputed holds its full set."""
+    kept activations of every layer (``layer_activation_elements`` x tokens, in the compute dtype, plus
+    ``response_attention_bytes`` x response tokens), the final norm (``3 * hidden`` per token), the logits
+    (``logits_bytes``), and one layer's worth again for the gradients the backward makes while it walks through a
+    layer; under autocast ``autocast_extra_bytes``. With gradient checkpointing each layer keeps only its input
+    (``hidden`` per token) and the one layer being recomputed holds its full set."""
     mb, b = micro_batch(r), act_bytes(r)
+    extra_per_token, weight_copies = autocast_extra_bytes(s, r)
     resp_tokens = mb.rows * (mb.response - 1)
     attn = resp_tokens * response_attention_bytes(s, mb, b) if r.shared_prefix else 0
-    one_layer = mb.tokens * layer_activation_elements(s) * b + attn
-    kept = s.layers * (mb.tokens * s.hidden * b) if r.gradient_checkpointing else s.layers * one_layer
-    return kept + one_layer + 3 * mb.tokens * s.hidden * b + logits_bytes(s, mb, r)
+    one_layer = mb.tokens * (layer_activation_elements(s) * b + extra_per_token) + attn
+    residual = DTYPE_BYTES[r.dtype]  # the residual stream and the norms: the weights' dtype (float32 under autocast)
+    kept = s.layers * (mb.tokens * s.hidden * residual) if r.gradient_checkpointing else s.layers * one_layer
+    return kept + one_layer + 3 * mb.tokens * s.hidden * residual + logits_bytes(s, mb, r) + weight_copies
 
 
 def kv_cache_bytes(s: ModelShape, r: RunSettings) -> int:

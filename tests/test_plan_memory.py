@@ -53,8 +53,13 @@ def test_activations_by_hand():
     bf16 = pm.RunSettings(**{**RUN.__dict__, "dtype": "bfloat16"})
     one = 11 * 136 * 2 + 6 * (18 * 6 + 16 * 2)
     assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 3 * 11 * 8 * 2 + 560
-    autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})  # float32 weights, bf16 compute
-    assert pm.activation_bytes(SHAPE, autocast) == pm.activation_bytes(SHAPE, bf16)
+    # autocast on float32 weights: as bfloat16, plus per token per layer the norms' 6 * 8 elements in float32
+    # (2 more bytes each) and the bfloat16 casts of the two norm outputs (2 * 8 * 2), in the 3 layers' worth;
+    # plus the bfloat16 copies of every weight but the embedding and the LM head: (1352 - 160) * 2; the final norm
+    # in float32: 3 * 11 * 8 * 2 bytes more
+    autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})
+    assert pm.autocast_extra_bytes(SHAPE, autocast) == (96 + 32, 2384)
+    assert pm.activation_bytes(SHAPE, autocast) == pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 128 + 2384 + 528
     assert pm.plan(SHAPE, autocast)[0].weights == 1352 * 4
     # gradient checkpointing (no shared prefix): each layer keeps its input 72 * 8 * 4, one layer recomputed
     # 72 * 136 * 4; final norm 3 * 72 * 8 * 4; logits 40 * 10 * 8 plus the gathered copy 8 * 4 * 10 * 4
