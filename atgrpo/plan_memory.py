@@ -123,6 +123,7 @@ class RunSettings:
     token_budget: int = 16384  # algo.update_token_budget (shared prefix)
     shared_prefix: bool = True
     gradient_checkpointing: bool = False
+    kl_reference: bool = False  # algo.kl_coef > 0: a frozen deep copy of each policy
     device: str = "cpu"
 
 
@@ -138,7 +139,7 @@ def settings_from_config(cfg, roles: int, prompt_tokens: int | None = None, new_
         prompt_tokens=prompt_tokens or cfg.model.max_prompt_tokens,
         new_tokens=new_tokens or cfg.rollout.max_new_tokens, micro_batch_size=cfg.algo.micro_batch_size,
         token_budget=cfg.algo.update_token_budget, shared_prefix=cfg.algo.shared_prefix,
-        gradient_checkpointing=cfg.model.gradient_checkpointing,
+        gradient_checkpointing=cfg.model.gradient_checkpointing, kl_reference=cfg.algo.kl_coef > 0,
         device=str(cfg.model.device).split(":")[0])
 
 
@@ -293,6 +294,7 @@ class ModelPlan:
     kv_cache: int
     sampling: int
     runtime: int
+    reference: int = 0  # the KL reference's frozen copies (algo.kl_coef > 0)
 
     @property
     def update(self) -> int:
@@ -304,7 +306,7 @@ class ModelPlan:
 
     @property
     def peak(self) -> int:
-        return self.weights + self.optimizer + max(self.update, self.rollout) + self.runtime
+        return self.weights + self.reference + self.optimizer + max(self.update, self.rollout) + self.runtime
 
     def dominant(self) -> str:
         terms = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
@@ -320,16 +322,20 @@ def plan(s: ModelShape, r: RunSettings) -> list[ModelPlan]:
     - grads: one gradient per trainable parameter, in its dtype (L2: one role's adapter at a time; the update
       frees the gradients of a role before the next role's update).
     - optimizer: AdamW's two moments per trainable parameter, in its dtype (L2: every role's, they persist).
+    - reference (``algo.kl_coef > 0``): ``copy.deepcopy`` of each policy (``trainer/run.py``); for L2 a role's
+      policy is a view of the one model, so each role's copy is the whole base with every adapter.
     """
     P, b = num_params(s), DTYPE_BYTES[r.dtype]
     act, kv, smp, rt = activation_bytes(s, r), kv_cache_bytes(s, r), sampling_bytes(s, r), runtime_bytes(r.device)
     if r.sharing == "L2":
         lora = lora_params(s, r.lora_rank, r.lora_targets)
-        return [ModelPlan(f"base + {r.roles} adapters", P + r.roles * lora, lora, P * b + r.roles * lora * 4,
-                          lora * 4, r.roles * lora * 8, act, kv, smp, rt)]
+        weights = P * b + r.roles * lora * 4
+        return [ModelPlan(f"base + {r.roles} adapters", P + r.roles * lora, lora, weights, lora * 4,
+                          r.roles * lora * 8, act, kv, smp, rt, r.roles * weights if r.kl_reference else 0)]
     n = r.roles if r.sharing == "L3" else 1
     names = [f"role {i + 1}" for i in range(n)] if n > 1 else ["shared"]
-    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt) for name in names]
+    ref = P * b if r.kl_reference else 0
+    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref) for name in names]
 
 
 @dataclass(frozen=True)
@@ -355,7 +361,7 @@ class GpuFit:
 
 def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     """The GPUs of ``gpu_bytes`` a run needs on each backend (``GpuFit``)."""
-    local = (sum(p.weights + p.optimizer for p in plans) + max(max(p.update, p.rollout) for p in plans)
+    local = (sum(p.weights + p.reference + p.optimizer for p in plans) + max(max(p.update, p.rollout) for p in plans)
              + max(p.runtime for p in plans))
     pools = r.roles if r.sharing == "L2" else len(plans)
     share = r.roles if r.sharing == "L2" else 1  # an L2 update worker holds one role's optimizer
@@ -363,7 +369,7 @@ def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     rollout = max(p.rollout for p in plans)
     n = math.ceil(rollout / (gpu_bytes - fixed)) if gpu_bytes > fixed else None
     n = None if n is None or n > r.problems else max(1, n)
-    update = max(p.weights + p.optimizer // share + p.update + p.runtime for p in plans)
+    update = max(p.weights + p.reference // share + p.optimizer // share + p.update + p.runtime for p in plans)
     ok = n is not None and update <= gpu_bytes
     return GpuFit(local, local <= gpu_bytes, pools, n, fixed + math.ceil(rollout / (n or 1)), update,
                   pools * (n + 1) if ok else None)
@@ -395,7 +401,10 @@ def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
                      f"{_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} {_gib(p.kv_cache):>8} "
                      f"{_gib(p.sampling):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
                      f"{math.ceil(p.peak / (gpu_gb * GIB))}")
-    lines += ["(GiB; peak = weights + optimizer + max(grads + activations, kv_cache + sampling) + runtime)", ""]
+    lines += ["(GiB; peak = weights + optimizer + max(grads + activations, kv_cache + sampling) + runtime"
+              + (" + the KL reference's copies" if r.kl_reference else "") + ")", ""]
+    if r.kl_reference:
+        lines += [f"KL reference (algo.kl_coef > 0) of {p.name}: {_gib(p.reference)} GiB" for p in plans]
     for p in plans:
         lines.append(f"dominant term of {p.name}: {p.dominant()}")
     lines.append(f"one GPU of {gpu_gb:g} GiB (local backend, model.device=cuda): needs {_gib(fit.local_bytes)} GiB: "

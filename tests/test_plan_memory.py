@@ -87,6 +87,10 @@ def test_plans_by_sharing_level():
     assert (l2.weights, l2.grads, l2.optimizer, l2.trainable) == (5408 + 2 * 512 * 4, 512 * 4, 2 * 512 * 8, 512)
     l3 = pm.plan(SHAPE, pm.RunSettings(**{**RUN.__dict__, "sharing": "L3"}))
     assert len(l3) == 2 and all(p.peak == l1.peak for p in l3)
+    kl = pm.RunSettings(**{**RUN.__dict__, "kl_reference": True})  # a deep copy per policy
+    assert pm.plan(SHAPE, kl)[0].peak == l1.peak + 5408
+    kl2 = pm.RunSettings(**{**kl.__dict__, "sharing": "L2"})  # L2: each role's copy is the whole model
+    assert pm.plan(SHAPE, kl2)[0].reference == 2 * (5408 + 2 * 512 * 4)
     on_gpu = pm.RunSettings(**{**RUN.__dict__, "device": "cuda"})
     assert pm.plan(SHAPE, on_gpu)[0].runtime == pm.GIB
 
