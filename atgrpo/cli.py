@@ -110,15 +110,18 @@ def cmd_plan_memory(args) -> int:
     from .config.loading import read_config
     from .config.schema import check_fields
 
+    if args.gpu_gb <= 0 or any(n is not None and n < 1 for n in (args.prompt_tokens, args.new_tokens)):
+        raise ConfigError("--gpu-gb must be > 0, --prompt-tokens and --new-tokens >= 1")
     path, overrides = _split_args(args.items)
     cfg = read_config(path, overrides)  # a plan for a GPU machine may be made on a laptop: no device checks
     check_fields(cfg)
     shape = _plan_shape(cfg, args.model, args.model_config)
-    roles = 1  # L0 / L1: one policy; L2 / L3: one per role (trainer/setup.route_agents)
+    roles = 1  # L0 / L1: one policy; L2 / L3: one per role or per policy.groups entry (config.checks.route_agents)
     if cfg.policy.sharing in ("L2", "L3"):
+        from .config.checks import route_agents
         from .envs import make
 
-        roles = len(make(cfg.env.name, style=cfg.env.style, **cfg.env.kwargs).agents)
+        roles = len(set(route_agents(cfg, make(cfg.env.name, style=cfg.env.style, **cfg.env.kwargs).agents).values()))
     settings = pm.settings_from_config(cfg, roles, args.prompt_tokens, args.new_tokens)
     try:
         print(pm.format_plan(shape, settings, args.gpu_gb))

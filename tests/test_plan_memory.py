@@ -146,6 +146,7 @@ def test_cli_on_the_default_config(capsys):
     assert "Qwen3-1.7B" in out and "role 1" in out and "role 2" in out and "bfloat16 on cuda" in out
     assert main(["plan-memory", "--model", "nope"]) == 2
     assert "qwen3-1.7b" in capsys.readouterr().err
+    assert main(["plan-memory", "--gpu-gb", "0"]) == 2 and "--gpu-gb" in capsys.readouterr().err
 
 
 def test_cli_reads_a_config_json_and_imports_no_torch(tmp_path):
