@@ -172,7 +172,32 @@ def _validate_env(cfg: Config) -> int:
     except Exception as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"env.kwargs={kwargs!r} do not fit env {cfg.env.name!r}: {msg}") from None
-    return 1 if cfg.policy.sharing in ("L0", "L1") else len(env.agents)
+    return len(set(route_agents(cfg, env.agents).values()))
+
+
+def route_agents(cfg, agents: tuple[str, ...]) -> dict[str, str]:
+    """Agent -> policy id. L0: the single agent's own policy; L1: one 'shared' policy; L2 (one adapter per
+    policy) and L3 (one model per policy): one policy per role, named by role, or ``policy.groups``' partition
+    of the roles (each role in exactly one group, named by the group)."""
+    groups = cfg.policy.groups
+    if cfg.policy.sharing in ("L0", "L1"):
+        if groups:
+            raise ConfigError(f"policy.groups partitions roles into policies: it needs policy.sharing=L2 or L3 "
+                              f"(got {cfg.policy.sharing}, which has one policy)")
+        return {a: "shared" for a in agents}
+    if not groups:
+        return {a: a for a in agents}
+    if not isinstance(groups, dict) or not all(isinstance(r, list) and r for r in groups.values()):
+        raise ConfigError(f"policy.groups must map policy names to non-empty lists of roles, got {groups!r}")
+    seen = [r for roles in groups.values() for r in roles]
+    unknown = sorted(set(seen) - set(agents))
+    twice = sorted({r for r in seen if seen.count(r) > 1})
+    missing = [a for a in agents if a not in seen]
+    if unknown or twice or missing:
+        raise ConfigError("policy.groups must put every role in exactly one group (roles: " + ", ".join(agents)
+                          + ")" + (f"; unknown: {unknown}" if unknown else "") + (f"; in two groups: {twice}"
+                          if twice else "") + (f"; in none: {missing}" if missing else ""))
+    return {a: next(str(g) for g, roles in groups.items() if a in roles) for a in agents}
 
 
 PER_AGENT_KEYS = ("temperature", "max_new_tokens", "stop")

@@ -88,6 +88,9 @@ class LoRAConfig:
 class PolicyConfig:
     sharing: Sharing = "L1"  # L0 single agent | L1 one shared policy | L2 per-role LoRA | L3 one model per role
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # L2: one adapter per role on one frozen base model
+    # L2 / L3: which roles share a policy, {policy: [roles]}, e.g. {a: [tool, verifier], b: [reasoner]}; every role
+    # in exactly one group. Empty (the default): one policy per role, named by the role
+    groups: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass

@@ -53,9 +53,12 @@ class MultiAgentEnv:
 
     Subclasses set ``team_roles`` (the roles in turn order) and ``single_agent_roles``, pass the caller's
     ``roles`` to ``__init__`` (which checks them and sets ``agents``), and implement ``_reset``, ``_observe``,
-    ``_apply`` and ``success``. The base class runs the turn order: agents act in order ``agents[0],
-    agents[1], ...``; once the last agent has acted, the turn counter advances; the episode truncates after
-    ``max_turns`` turns.
+    ``_apply`` and ``success``. The base class runs the turn order: by default agents act in order ``agents[0],
+    agents[1], ...`` (round-robin); an environment may choose the next agent from its state instead
+    (``_next_agent``: send the turn back, let an agent pass). A turn is one pass through the agents in order:
+    the turn counter advances whenever the next agent does not come later in ``agents`` than the one that just
+    acted (so no agent acts twice in one turn, and (problem, turn, agent) names one node); the episode truncates
+    after ``max_turns`` turns.
     """
 
     name: str = "base"
@@ -117,12 +120,15 @@ class MultiAgentEnv:
             raise AssertionError(f"{self.name}: non-finite reward {reward} for agent {agent}")
         if self.success or self._ends_early():
             self.terminated = True
-        self._agent_idx += 1
-        if self._agent_idx == len(self.agents):
-            self._agent_idx = 0
+        nxt = self._next_agent(agent)
+        if nxt not in self.agents:
+            raise AssertionError(f"{self.name}: _next_agent returned {nxt!r}, not one of {self.agents}")
+        idx = self.agents.index(nxt)
+        if idx <= self._agent_idx:  # back to an agent at or before this one: a new turn
             self.turn += 1
             if not self.terminated and self.turn >= self.max_turns:
                 self.truncated = True
+        self._agent_idx = idx
         info.setdefault("success", self.success)
         return StepResult(agent, reward, self.terminated, self.truncated, info)
 
@@ -134,6 +140,12 @@ class MultiAgentEnv:
     @property
     def success(self) -> bool:
         raise NotImplementedError
+
+    def _next_agent(self, agent: str) -> str:
+        """The agent that acts after ``agent`` (called after its step was applied). Default: the next in turn
+        order, round-robin. Override to choose from the state: e.g. a verifier that rejects an answer sends the
+        turn back to the reasoner (a new turn), an agent with nothing to do is skipped."""
+        return self.agents[(self.agents.index(agent) + 1) % len(self.agents)]
 
     def _ends_early(self) -> bool:
         """True when the episode ends now, before the turn limit, although the task is not solved (the step

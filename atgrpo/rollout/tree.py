@@ -4,8 +4,10 @@ For each problem, each turn, each agent in turn order: sample K candidates from 
 all from the identical pre-state and prompt; step each candidate on its *own clone* of the environment and
 score it by its immediate reward ``alpha * team + local``; keep the best (tie-break: the lowest branch index;
 branches are i.i.d. samples, so this is a uniformly random choice among the tied); the winner's state becomes
-the state of all branches. All active problems are in lockstep, so each (turn, agent) node costs one batched
-``generate`` over all problems and branches of the acting policy.
+the state of all branches. Each round, the active problems are grouped by their acting agent (an environment
+may choose its next agent from its state, so problems of one batch can be at different agents and turns), and
+each agent's group costs one batched ``generate`` over its problems and branches; with a fixed turn order all
+problems stay in lockstep and each (turn, agent) node is one call.
 
 ``K = 1`` with ``temperature = 0`` is plain greedy evaluation; ``trajectory_rollout`` runs K independent
 episodes per problem (classic trajectory-level GRPO and the no-tree baselines).
@@ -74,42 +76,60 @@ def step_clones(envs: Sequence[MultiAgentEnv], texts: Sequence[Sequence[str]]
     return out
 
 
+@dataclasses.dataclass
+class _Rollout:
+    """What the node loop builds: the kept state of each problem, and per problem its transcript and returns;
+    the samples and, per sample, the index of the env it came from."""
+    envs: list[MultiAgentEnv]
+    samples: list[Sample] = dataclasses.field(default_factory=list)
+    origin: list[int] = dataclasses.field(default_factory=list)
+    transcripts: list[list[dict]] = dataclasses.field(default_factory=list)
+    returns: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
 def _run(envs, policies, agent_to_policy, sampling: Sampling, generator, step_envs=None):
     """The node loop shared by both rollouts; also returns, per sample, the index of the env it came from."""
-    envs, step_envs = list(envs), step_envs or step_clones
-    samples: list[Sample] = []
-    origin: list[int] = []
-    transcripts: list[list[dict]] = [[] for _ in envs]
-    returns: list[dict[str, float]] = [{a: 0.0 for a in e.agents} for e in envs]
+    run = _Rollout(list(envs), transcripts=[[] for _ in envs], returns=[{a: 0.0 for a in e.agents} for e in envs])
     while True:
-        active = [i for i, e in enumerate(envs) if not e.done]
-        if not active:
+        by_agent: dict[str, list[int]] = {}  # the active problems by acting agent, agents in order of first appearance
+        for i, e in enumerate(run.envs):
+            if not e.done:
+                by_agent.setdefault(e.current_agent, []).append(i)
+        if not by_agent:
             break
-        agent, turn = envs[active[0]].current_agent, envs[active[0]].turn
-        assert all(envs[i].current_agent == agent and envs[i].turn == turn for i in active), "envs out of lockstep"
-        policy = _policy_for(agent, agent_to_policy, policies)
-        prompts = [policy.render(envs[i].observe()) for i in active]
-        prompt_ids = [policy.encode(p) for p in prompts]
-        temp, max_new, stop = sampling.for_agent(agent)
-        completions = policy.generate(prompt_ids, sampling.K, temp, max_new, generator)
-        if stop:
-            completions = [[cut_at_stop(c, stop, policy.decode) for c in comps] for comps in completions]
-        stepped = step_envs([envs[i] for i in active], [[c.text for c in comps] for comps in completions])
-        for i, prompt, pids, comps, (children, results) in zip(active, prompts, prompt_ids, completions, stepped):
-            totals = [r.reward.total(sampling.alpha) for r in results]
-            best = max(range(sampling.K), key=lambda k: (totals[k], -k))
-            for k, (c, r) in enumerate(zip(comps, results)):
-                samples.append(Sample(
-                    problem=envs[i].problem_id, branch=k, turn=turn, agent=agent, policy=policy.policy_id,
-                    prompt=prompt, prompt_ids=pids, response=c.text, response_ids=c.ids, logprobs=c.logprobs,
-                    reward_team=r.reward.team, reward_local=r.reward.local, reward=totals[k], score=totals[k],
-                    selected=k == best, finished=c.finished, info=r.info, temperature=temp))
-                origin.append(i)
-            returns[i][agent] += totals[best]
-            transcripts[i].append({"turn": turn, "agent": agent, "prompt": prompt, "response": comps[best].text,
-                                   "reward": totals[best], "team": results[best].reward.team,
-                                   "local": results[best].reward.local})
-            envs[i] = children[best]
-    episodes = [EpisodeResult(e.problem_id, e.success, len(tr) // max(1, len(e.agents)) + (len(tr) % len(e.agents) > 0),
-                              ret, tr) for e, ret, tr in zip(envs, returns, transcripts)]
-    return samples, episodes, origin
+        for agent, active in by_agent.items():
+            _node(run, active, agent, _policy_for(agent, agent_to_policy, policies), sampling, generator,
+                  step_envs or step_clones)
+    episodes = [EpisodeResult(e.problem_id, e.success, len({t["turn"] for t in tr}), ret, tr)
+                for e, ret, tr in zip(run.envs, run.returns, run.transcripts)]
+    return run.samples, episodes, run.origin
+
+
+def _node(run: _Rollout, active: list[int], agent: str, policy: Policy, sampling: Sampling, generator,
+          step_envs: StepEnvs) -> None:
+    """One node for the problems ``active``, all at ``agent``: K candidates each from one batched ``generate``,
+    each stepped on its own clone, the best kept (``run.envs[i]`` becomes its child); ``run`` grows in place."""
+    envs = run.envs
+    prompts = [policy.render(envs[i].observe()) for i in active]
+    prompt_ids = [policy.encode(p) for p in prompts]
+    temp, max_new, stop = sampling.for_agent(agent)
+    completions = policy.generate(prompt_ids, sampling.K, temp, max_new, generator)
+    if stop:
+        completions = [[cut_at_stop(c, stop, policy.decode) for c in comps] for comps in completions]
+    stepped = step_envs([envs[i] for i in active], [[c.text for c in comps] for comps in completions])
+    for i, prompt, pids, comps, (children, results) in zip(active, prompts, prompt_ids, completions, stepped):
+        turn = envs[i].turn
+        totals = [r.reward.total(sampling.alpha) for r in results]
+        best = max(range(sampling.K), key=lambda k: (totals[k], -k))
+        for k, (c, r) in enumerate(zip(comps, results)):
+            run.samples.append(Sample(
+                problem=envs[i].problem_id, branch=k, turn=turn, agent=agent, policy=policy.policy_id,
+                prompt=prompt, prompt_ids=pids, response=c.text, response_ids=c.ids, logprobs=c.logprobs,
+                reward_team=r.reward.team, reward_local=r.reward.local, reward=totals[k], score=totals[k],
+                selected=k == best, finished=c.finished, info=r.info, temperature=temp))
+            run.origin.append(i)
+        run.returns[i][agent] += totals[best]
+        run.transcripts[i].append({"turn": turn, "agent": agent, "prompt": prompt, "response": comps[best].text,
+                               "reward": totals[best], "team": results[best].reward.team,
+                               "local": results[best].reward.local})
+        envs[i] = children[best]

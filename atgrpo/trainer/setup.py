@@ -39,14 +39,6 @@ def env_factory(cfg: Config) -> Callable[[str, int], MultiAgentEnv]:
     return build
 
 
-def route_agents(cfg: Config, agents: tuple[str, ...]) -> dict[str, str]:
-    """L0: the single agent's own policy; L1: one 'shared' policy; L2 (one adapter per role) and L3 (one model
-    per role): one policy per role, named by role."""
-    if cfg.policy.sharing in ("L0", "L1"):
-        return {a: "shared" for a in agents}
-    return {a: a for a in agents}
-
-
 def build_policies(cfg: Config, policy_ids: list[str]) -> dict[str, CausalLMPolicy]:
     """One policy per policy id: L0/L1/L3 each an independent model (and later optimizer), initialised from
     the run seed; L2 one LoRA adapter per id on one shared, frozen base model."""

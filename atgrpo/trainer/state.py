@@ -15,7 +15,8 @@ from ..envs import MultiAgentEnv
 from ..policies.protocol import TrainablePolicy
 from .backend import Backend, LocalBackend
 from .run_dir import one_line
-from .setup import build_policies, env_factory, route_agents
+from ..config.checks import route_agents
+from .setup import build_policies, env_factory
 from .update import make_optimizer
 
 

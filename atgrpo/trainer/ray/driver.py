@@ -106,7 +106,8 @@ class RayBackend:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from ...config import local_ray_cpus
-        from ..setup import env_factory, route_agents
+        from ...config.checks import route_agents
+        from ..setup import env_factory
         from . import workers as rw
 
         self.cfg, r = cfg, cfg.system.ray

@@ -1,0 +1,151 @@
+"""Math with a verifier: tool agent, reasoner and verifier, a three-role team whose turn order is not fixed.
+
+Roles: ``tool`` and ``reasoner`` act as in ``math`` (``math_env.MathEnv``: a program's last printed line; a
+``\\boxed{}`` answer). The ``verifier`` then checks the reasoner's answer against the tool's output and the
+problem, and answers ``ACCEPT`` or ``REJECT: <reason>`` (``REJECT TOOL: <reason>`` when the program is at fault):
+- ACCEPT ends the episode: the reasoner's answer is final. Agreement alone no longer ends it (the verifier does).
+- REJECT sends the turn back to the reasoner, REJECT TOOL to the tool, with the reason shown in their next
+  prompts. Either starts a new turn (a turn is one pass through the agents in order), so a rejected answer
+  costs a turn: after ``max_turns`` the episode truncates with the reasoner's latest answer.
+- Anything else is no decision: a format penalty, and the turn goes back to the reasoner as for REJECT.
+So a turn is tool -> reasoner -> verifier, or reasoner -> verifier after a plain rejection.
+
+Rewards: tool and reasoner as in ``math``; the verifier's ``local`` = 1.0 for a right decision (accept a correct
+answer, reject a wrong one), 0.0 for a wrong one, minus ``FORMAT_PENALTY`` for no decision; ``team`` = the
+reasoner's latest answer is correct, for every role. Success: the reasoner's final answer is correct.
+
+Compact prompts add the verifier's last verdict (``V:accept``, ``V:reject``, ``V:reject-tool``) and the verifier
+answers ``accept`` / ``reject`` / ``reject tool``; chat prompts show the verdict and the reason in words. Why a
+verifier: the "solver + verifier" and "generate then critique" loops of multi-agent math (e.g. multi-agent
+debate and self-verification work) add a role whose skill is judging, not solving, which a tiny reasoner that
+copies a tool's output needs to have checked.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+from .base import Messages, Reward
+from .math_env import FORMAT_PENALTY, MathEnv
+
+_DECISION = re.compile(r"\s*(ACCEPT|REJECT(?:\s+TOOL)?)\b\s*:?\s*(.*)", re.IGNORECASE | re.DOTALL)
+REASON_CHARS = 300
+
+
+def read_decision(text: str) -> tuple[str | None, str]:
+    """(``accept`` | ``reject`` | ``reject-tool`` | None, the reason): the first word(s) of ``text``."""
+    m = _DECISION.match(text or "")
+    if not m:
+        return None, ""
+    word = " ".join(m.group(1).lower().split())
+    return {"accept": "accept", "reject": "reject", "reject tool": "reject-tool"}[word], m.group(2).strip()
+
+
+class MathVerifyEnv(MathEnv):
+    """Math, three roles: tool agent (Python) + reasoner (\\boxed{}) + verifier (ACCEPT / REJECT, sends back)."""
+
+    name = "math_verify"
+    team_roles = ("tool", "reasoner", "verifier")
+    single_agent_roles = ("reasoner",)
+
+    def _reset(self, seed: int) -> None:
+        super()._reset(seed)
+        self.problem_id = self.problem_id.replace("math/", "math_verify/", 1)
+        self.verdict: str | None = None  # the verifier's latest decision
+        self.reason = ""
+
+    @property
+    def success(self) -> bool:
+        if len(self.agents) == 1:
+            return super().success
+        final = self.last.get("reasoner")
+        return final is not None and final.correct and self.done
+
+    def _ends_early(self) -> bool:
+        return self.verdict == "accept" if len(self.agents) > 1 else super()._ends_early()
+
+    def _next_agent(self, agent: str) -> str:
+        if agent == "verifier":
+            return "tool" if self.verdict == "reject-tool" else "reasoner"
+        return super()._next_agent(agent)
+
+    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        if agent != "verifier":
+            self.verdict = None if agent == "reasoner" else self.verdict  # a new answer awaits a new verdict
+            reward, info = super()._apply(agent, text)
+            self.agreed = False  # only the verifier ends a three-role episode
+            return reward, info
+        decision, reason = read_decision(text)
+        self.verdict, self.reason = decision or "reject", reason[:REASON_CHARS]
+        answer = self.last.get("reasoner")
+        correct = answer is not None and answer.correct
+        right = (decision == "accept") == correct if decision else False
+        local = (1.0 if right else 0.0) - (FORMAT_PENALTY if decision is None else 0.0)
+        info = {"decision": decision, "parse_error": decision is None, "right_decision": right,
+                "correct": correct}
+        return Reward(team=1.0 if correct else 0.0, local=local), info
+
+    # ---- the expert -------------------------------------------------------------------------------------
+    def expert_action(self, agent: str) -> str:
+        """Verifier: ACCEPT a correct answer; else REJECT TOOL when the tool's answer is wrong too, REJECT
+        otherwise. Tool and reasoner: as in ``math``."""
+        if agent != "verifier":
+            return super().expert_action(agent)
+        return self._verdict_text(self._expert_verdict())
+
+    def demo_action(self, agent: str, rng: random.Random, noise: float) -> str:
+        """The verifier's demonstration flips the expert's accept / reject with probability ``noise``."""
+        if agent != "verifier":
+            return super().demo_action(agent, rng, noise)
+        verdict = self._expert_verdict()
+        if rng.random() < noise:
+            verdict = "reject" if verdict == "accept" else "accept"
+        return self._verdict_text(verdict)
+
+    def _expert_verdict(self) -> str:
+        answer, tool = self.last.get("reasoner"), self.last.get("tool")
+        if answer is not None and answer.correct:
+            return "accept"
+        return "reject-tool" if tool is None or not tool.correct else "reject"
+
+    def _verdict_text(self, verdict: str) -> str:
+        if self.style == "compact":
+            return verdict.replace("-", " ")
+        return {"accept": "ACCEPT", "reject": "REJECT: the answer does not match the program's output.",
+                "reject-tool": "REJECT TOOL: the program does not compute the problem's answer."}[verdict]
+
+    # ---- prompts ----------------------------------------------------------------------------------------
+    def _compact(self, agent: str) -> str:
+        """``math``'s compact prompt plus the latest verdict: ``V1 Q:12+7*3=? T:33 R:33 V:reject\\n>``."""
+        text = super()._compact(agent)
+        if self.verdict is None:
+            return text
+        return text[:-2] + f" V:{self.verdict}\n>"
+
+    def _chat(self, agent: str) -> Messages:
+        if len(self.agents) == 1:
+            return super()._chat(agent)
+        if agent != "verifier":
+            msgs = super()._chat(agent)
+            msgs[0]["content"] = msgs[0]["content"].replace("a two-agent team", "a three-agent team (tool agent, "
+                                                            "reasoning agent, verifier)")
+            if self.verdict is not None and self.verdict != "accept":
+                whose = "the tool agent's program" if self.verdict == "reject-tool" else "the reasoning agent's answer"
+                msgs[1]["content"] += (f"\n\nThe verifier rejected {whose}"
+                                       + (f": {self.reason}" if self.reason else ".") + " Try again.")
+            return msgs
+        task = ("You are the verifier of a three-agent team (tool agent, reasoning agent, verifier) solving a math "
+                "problem. Check the reasoning agent's answer against the tool agent's program output and the "
+                "problem. Reply ACCEPT if it is correct. Otherwise reply REJECT: <one-sentence reason> to send it "
+                "back to the reasoning agent, or REJECT TOOL: <reason> if the program itself is wrong.")
+        body = [f"Problem:\n{self.problem.question}", f"Turn {self.turn + 1} of {self.max_turns}."]
+        tool, reasoner = self.last.get("tool"), self.last.get("reasoner")
+        if tool is not None:
+            body.append(self._tool_report(tool, own=False))
+        shown = reasoner.answer if reasoner is not None and reasoner.answer is not None else "none"
+        if reasoner is not None:
+            body.append(f"The reasoning agent's solution (end):\n{reasoner.text[-1500:]}")
+        body.append(f"The reasoning agent's answer: {shown}")
+        return [{"role": "system", "content": task}, {"role": "user", "content": "\n\n".join(body)}]
