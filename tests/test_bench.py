@@ -145,3 +145,25 @@ def test_learning_bench_reports_a_failed_cell_and_keeps_the_others(tmp_path, mon
     assert all("plan_path" in cells and "broken" not in cells for cells in result["table"].values())
     assert "FAILED" in (tmp_path / "results.md").read_text()
     assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == len(learning.RL_METHODS)
+
+
+def test_teams_bench_cells_are_valid_configs():
+    """Every cell of ``atgrpo bench teams`` loads; the team of two gets 3/2 the problems of the team of three."""
+    from atgrpo.bench.teams import SHARING, TEAMS, cell_overrides
+    from atgrpo.config import load_config
+
+    for size in ("default", "quick"):
+        cfgs = {(t, s): load_config(None, cell_overrides(t, s, size, 0)) for t in TEAMS for s in SHARING}
+        assert {c.env.name for c in cfgs.values()} == {"math", "math_verify"}
+        two, three = (cfgs[(t, "shared policy (L1)")].rollout.problems_per_step for t in TEAMS)
+        assert 2 * two == 3 * three
+
+
+@pytest.mark.slow
+def test_teams_bench_quick_writes_the_table(tmp_path):
+    from atgrpo.bench.teams import SHARING, TEAMS, run_teams_bench
+
+    result = run_teams_bench(str(tmp_path), "quick", progress=False)
+    assert not result["failed"] and len(result["runs"]) == len(TEAMS) * len(SHARING)
+    assert all(set(cells) == set(SHARING) for cells in result["table"].values())
+    assert "three roles" in (tmp_path / "results.md").read_text()

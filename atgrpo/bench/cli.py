@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("rollout", "update", "step", "all", "learning", "experts")
+BENCHES = ("rollout", "update", "step", "all", "learning", "teams", "experts")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,10 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-step", action="store_true", help="--engine: also time one atgrpo train step per engine")
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
-    p.add_argument("--quick", action="store_true", help="learning: the smoke-test size (1 seed, 2 steps)")
+    p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps)")
     p.add_argument("--tasks", help="learning, experts: comma-separated subset of plan_path,sokoban,sudoku")
-    p.add_argument("--seeds", type=int, help="learning: seeds per cell (default 3; --quick: 1)")
-    p.add_argument("--jobs", type=int, help="learning: runs side by side, one torch thread each (default: cores)")
+    p.add_argument("--seeds", type=int, help="learning, teams: seeds per cell (default 3; --quick: 1)")
+    p.add_argument("--jobs", type=int, help="learning, teams: runs side by side, one torch thread each (default: "
+                   "cores)")
     p.add_argument("--problems", type=int, default=50, help="experts: held-out instances per game (default 50)")
 
 
@@ -65,6 +66,14 @@ def run(args) -> int:
         out = args.out if args.out != "bench_out" else "bench_out/learning"
         result = run_learning_bench(out, "quick" if args.quick else "default",
                                     args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs)
+        with open(f"{out}/results.md") as f:
+            print(f.read())
+        return 1 if result["failed"] else 0
+    if args.which == "teams":
+        from .teams import run_teams_bench
+
+        out = args.out if args.out != "bench_out" else "bench_out/teams"
+        result = run_teams_bench(out, "quick" if args.quick else "default", args.seeds, args.jobs)
         with open(f"{out}/results.md") as f:
             print(f.read())
         return 1 if result["failed"] else 0

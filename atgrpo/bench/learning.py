@@ -81,9 +81,6 @@ def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None 
     """Run the table: every (task, method, seed) cell as its own training, ``jobs`` at a time (default: one per
     core), each in a fresh process with one torch thread. A cell that raises is reported (``result["failed"]``)
     and left out of the table; the others go on. ``runs.jsonl`` gets each cell as it finishes."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     from ..config import ConfigError
 
     tasks = tasks or list(TASKS)
@@ -93,33 +90,10 @@ def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None 
     n_seeds = seeds or SIZES[size]["seeds"]
     jobs = jobs or os.cpu_count() or 1
     os.makedirs(out, exist_ok=True)
-    cells = [(task, method, seed) for task in tasks for method in RL_METHODS for seed in range(n_seeds)]
-    runs: list[dict[str, Any]] = []
-    failed: list[dict[str, Any]] = []
+    cells = [({"task": task, "method": method, "seed": seed}, cell_overrides(task, method, size, seed))
+             for task in tasks for method in RL_METHODS for seed in range(n_seeds)]
     start = time.time()
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool, \
-            open(os.path.join(out, "runs.jsonl"), "w") as log:  # one line per finished cell, as they finish
-        futures = {pool.submit(run_cell, cell_overrides(task, method, size, seed),
-                               os.path.join(out, "runs", f"{task}-{_slug(method)}-seed{seed}")): (task, method, seed)
-                   for task, method, seed in cells}
-        for fut in as_completed(futures):
-            task, method, seed = futures[fut]
-            cell = {"task": task, "method": method, "seed": seed}
-            try:
-                r = {**cell, **fut.result()}
-            except Exception as e:  # one failed cell must not lose the others: report it, go on
-                failed.append({**cell, "error": f"{type(e).__name__}: {e}"})
-                print(f"[{len(runs) + len(failed)}/{len(cells)}] {task:<9} {method:<34} seed {seed}: FAILED: "
-                      f"{failed[-1]['error']}", flush=True)
-                continue
-            runs.append(r)
-            log.write(json.dumps(r) + "\n")
-            log.flush()
-            if progress:
-                print(f"[{len(runs) + len(failed)}/{len(cells)}] {task:<9} {method:<34} seed {seed}: "
-                      f"{r['before']:.2f} -> {r['after']:.2f} ({r['seconds']:.0f}s; {(time.time() - start) / 60:.1f} "
-                      f"min so far)", flush=True)
-    runs.sort(key=lambda r: cells.index((r["task"], r["method"], r["seed"])))
+    runs, failed = run_cells(cells, out, jobs, progress)
     table = _table(runs, tasks)
     result = {"size": size, "seeds": n_seeds, "tasks": tasks, "jobs": jobs, "table": table, "runs": runs,
               "failed": failed,
@@ -133,6 +107,46 @@ def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None 
         f.write(markdown(result))
     _plot(runs, tasks, os.path.join(out, "learning_curves.png"))
     return result
+
+
+def run_cells(cells: list[tuple[dict[str, Any], list[str]]], out: str, jobs: int, progress: bool = True
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train each cell ``(its labels, its overrides)`` in a fresh process, ``jobs`` at a time, into
+    ``out/runs/<labels>``; ``out/runs.jsonl`` gets each as it finishes. Returns (runs in the cells' order, each
+    the labels plus ``run_cell``'s result; failed cells, each the labels plus the error). A cell that raises is
+    reported and the others go on."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    runs: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
+    start = time.time()
+
+    def name(labels: dict[str, Any]) -> str:
+        return "-".join(_slug(str(v)) if k != "seed" else f"seed{v}" for k, v in labels.items())
+
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool, \
+            open(os.path.join(out, "runs.jsonl"), "w") as log:  # one line per finished cell, as they finish
+        futures = {pool.submit(run_cell, items, os.path.join(out, "runs", name(labels))): i
+                   for i, (labels, items) in enumerate(cells)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            labels = cells[i][0]
+            head = f"[{len(runs) + len(failed) + 1}/{len(cells)}] " + " / ".join(str(v) for v in labels.values())
+            try:
+                r = {**labels, **fut.result(), "_index": i}
+            except Exception as e:  # one failed cell must not lose the others: report it, go on
+                failed.append({**labels, "error": f"{type(e).__name__}: {e}"})
+                print(f"{head}: FAILED: {failed[-1]['error']}", flush=True)
+                continue
+            runs.append(r)
+            log.write(json.dumps({k: v for k, v in r.items() if k != "_index"}) + "\n")
+            log.flush()
+            if progress:
+                print(f"{head}: {r['before']:.2f} -> {r['after']:.2f} ({r['seconds']:.0f}s; "
+                      f"{(time.time() - start) / 60:.1f} min so far)", flush=True)
+    runs.sort(key=lambda r: r.pop("_index"))
+    return runs, failed
 
 
 # ---- the table's runs as config files ---------------------------------------------------------------------
