@@ -70,7 +70,7 @@ def test_warmstart_of_a_hf_model_lowers_its_loss_and_l2_trains_each_adapter_on_i
 
     cfg = load_config(overrides=hf_overrides(hf_dir, "env.name=math", f"policy.sharing={sharing}",
                                              "warmstart.episodes=12", "warmstart.epochs=8", "warmstart.batch_size=4",
-                                             "warmstart.lr=3e-2", "warmstart.noise=0"))
+                                             "warmstart.lr=3e-2", "warmstart.noise=0", "warmstart.common=false"))
     st = build_state(cfg)
     model = st.policies[sorted(st.policies)[0]].model
     model = model.peft if sharing == "L2" else model

@@ -148,6 +148,9 @@ class WarmStartConfig:
     lr: float = above(1e-3)
     batch_size: int = at_least(64, 1)  # demonstrations per optimizer step
     token_budget: int = at_least(16384, 1)  # padded tokens per forward/backward (a batch is split to fit: real models)
+    # L2/L3: one warm start on every role's demonstrations, copied to every policy (all roles start from one
+    # checkpoint, as in the paper from one pretrained model); false: each policy on its own roles' demonstrations
+    common: bool = True
 
 
 @dataclass

@@ -7,8 +7,11 @@ tokens. Evaluation problems come from the disjoint evaluation split, so no demon
 
 The same code warm-starts real models (``model.kind=hf``): prompts are rendered exactly as in rollouts (the
 chat template with its generation prompt) and answers are tokenised as the policy emits them
-(``TrainablePolicy.encode_response``: no BOS, EOS at the end). With L2 each role's policy is its own LoRA
-adapter, so each adapter learns from its role's demonstrations only. Batches are scored as the update scores
+(``TrainablePolicy.encode_response``: no BOS, EOS at the end). With several policies (L2: one LoRA adapter
+per role; L3: one model per role) the warm start is by default common (``warmstart.common``): one policy is
+fine-tuned on every role's demonstrations, as L1's one policy is, and its weights are copied to the others, so
+all roles start from one checkpoint, as in the paper all start from one pretrained model, and then specialise
+in RL. ``warmstart.common=false`` fine-tunes each policy on its own roles' demonstrations only. Batches are scored as the update scores
 them (``shared_prefix_logprobs``: output-layer logits only at answer positions) in micro-batches of at most
 ``warmstart.token_budget`` padded tokens, with gradients accumulated to one optimizer step per batch.
 """
@@ -96,7 +99,15 @@ def batch_cross_entropy(policy: TrainablePolicy, batch: list[tuple[list[int], li
 
 def warm_start(make_env, agent_to_policy, policies, cfg: WarmStartConfig, seed: int, progress: bool = True
                ) -> dict[str, list[float]]:
-    """Collect demonstrations and fine-tune every policy on its own; returns the loss curve per policy."""
+    """Collect demonstrations and fine-tune: common (one policy on all of them, its weights copied to the
+    others) or each policy on its own (see the module docstring). Returns the loss curve per policy."""
     demos = collect_demonstrations(make_env, agent_to_policy, policies, cfg, seed)
-    return {pid: supervised_finetune(policies[pid], pairs, cfg, seed + n, progress)
-            for n, (pid, pairs) in enumerate(sorted(demos.items()))}
+    ids = sorted(demos)
+    if cfg.common and len(ids) > 1:
+        losses = supervised_finetune(policies[ids[0]], [pair for pid in ids for pair in demos[pid]], cfg, seed,
+                                     progress)
+        weights = policies[ids[0]].model.state_dict()  # L2: the adapter's weights under adapter-free names
+        for pid in ids[1:]:
+            policies[pid].model.load_state_dict(weights)
+        return {pid: losses for pid in ids}
+    return {pid: supervised_finetune(policies[pid], demos[pid], cfg, seed + n, progress) for n, pid in enumerate(ids)}
