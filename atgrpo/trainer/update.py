@@ -127,10 +127,12 @@ def score(policy: TrainablePolicy, micro: list[Sample], temperature: float, algo
 
 
 def backward_micro_batch(policy: TrainablePolicy, micro: list[Sample], normalizer: float, algo: AlgoConfig,
-                         temperature: float, reference: TrainablePolicy | None = None) -> tuple[float, LossStats]:
+                         temperature: float, reference: TrainablePolicy | None = None, weight: float = 1.0
+                         ) -> tuple[float, LossStats]:
     """Score one micro-batch, compute its share of the mini-batch loss (``normalizer``: the whole mini-batch's
     token or sequence count) and accumulate its gradients. Shared by the local and the data-parallel update.
-    ``temperature`` applies to samples that do not record their own (``Sample.temperature``)."""
+    ``temperature`` applies to samples that do not record their own (``Sample.temperature``). ``weight`` scales
+    the loss before the backward (0: a padding pass of the sharded update, which adds nothing)."""
     if micro and micro[0].temperature is not None:
         temperature = micro[0].temperature  # micro_batches keeps one sampling temperature per micro-batch
     logp, mask = score(policy, micro, temperature, algo)
@@ -147,7 +149,7 @@ def backward_micro_batch(policy: TrainablePolicy, micro: list[Sample], normalize
     loss, ls = policy_loss(logp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
                            aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
                            ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
-    loss.backward()
+    (loss * weight if weight != 1.0 else loss).backward()
     return loss.item(), ls
 
 
@@ -171,22 +173,36 @@ def update_policy(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, sam
 def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shards: list[list[Sample]],
                  normalizers: list[float], n_samples: int, algo: AlgoConfig, temperature: float,
                  reference: TrainablePolicy | None = None,
-                 allreduce: Callable[[torch.Tensor], None] | None = None) -> UpdateStats:
+                 allreduce: Callable[[torch.Tensor], None] | None = None,
+                 equal_passes: Callable[[list[int]], list[int]] | None = None) -> UpdateStats:
     """This rank's part of one policy update, a whole PPO epoch (one optimizer step per mini-batch):
     ``shards[m]`` is its share of mini-batch ``m`` (possibly empty),
     ``normalizers[m]`` that mini-batch's normaliser over all ranks; ``allreduce(t)`` sums ``t`` over the ranks
-    in place (None: a single rank). Returns the statistics of the whole update (the same on every rank)."""
+    in place (None: a single rank). Returns the statistics of the whole update (the same on every rank).
+
+    ``equal_passes`` is given when the model is sharded (``trainer/fsdp.py``): its backward itself sums the
+    gradients over the ranks, so ``allreduce`` sums only the statistics, and every rank must run the same number
+    of forward/backward passes (each one all-gathers and reduce-scatters). ``equal_passes(counts)`` maps this
+    rank's micro-batch count per mini-batch to the count every rank runs (the most of any rank); this rank runs
+    the missing ones as zero-weight passes (``padding_sample``: they add nothing to gradients or statistics)."""
     stats = UpdateStats(samples=n_samples)
     policy.model.train()
     params = [p for p in policy.model.parameters() if p.requires_grad]
     loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
-    for mb, normalizer in zip(shards, normalizers):
+    micros = [micro_batches(mb, algo) if mb else [] for mb in shards]
+    passes = equal_passes([len(m) for m in micros]) if equal_passes is not None else [len(m) for m in micros]
+    for mb_micros, n_passes, normalizer in zip(micros, passes, normalizers):
         optimizer.zero_grad(set_to_none=True)
         local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
-        for micro in (micro_batches(mb, algo) if mb else []):
+        for micro in mb_micros:
             loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
             local = [local[0] + loss_value, local[1] + ls.clipped_tokens, local[2] + ls.kl_sum, local[3] + ls.tokens]
-        mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
+        for _ in range(n_passes - len(mb_micros)):
+            backward_micro_batch(policy, [padding_sample()], normalizer, algo, temperature, reference, weight=0.0)
+        if equal_passes is not None:  # the backward passes summed the gradients already
+            mb_loss, clip, kl, tokens = _allreduce_stats(local, allreduce, params[0].device)
+        else:
+            mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
         clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
         if not (math.isfinite(mb_loss) and math.isfinite(grad_norm)):
@@ -202,6 +218,24 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
     stats.approx_kl = kl_sum / max(1, stats.tokens)
     optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def padding_sample() -> Sample:
+    """The one-token sample of a zero-weight pass (token id 0 exists in every vocabulary; prompt of two tokens,
+    response of one): the cheapest input that runs every layer forward and backward like a real micro-batch."""
+    return Sample(problem="", branch=0, turn=0, agent="", policy="", prompt="", prompt_ids=[0, 0], response="",
+                  response_ids=[0], logprobs=[0.0], reward_team=0.0, reward_local=0.0, reward=0.0, selected=False,
+                  finished=False)
+
+
+def _allreduce_stats(local: list[float], allreduce: Callable[[torch.Tensor], None] | None,
+                     device: torch.device) -> list[float]:
+    """The ``local`` statistics summed over the ranks (float64: token counts stay exact)."""
+    if allreduce is None:
+        return local
+    t = torch.tensor(local, dtype=torch.float64, device=device)
+    allreduce(t)
+    return t.tolist()
 
 
 def _allreduce_grads(params: list[torch.nn.Parameter], local: list[float],

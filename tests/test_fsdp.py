@@ -1,0 +1,136 @@
+"""The sharded update (atgrpo/trainer/fsdp.py) equals the single-process one.
+
+Two gloo processes (torch.multiprocessing, CPU) each shard a tiny Llama with FSDP2 and run their part of one PPO
+epoch planned by ``plan_minibatches(..., world=2)``; the plan has a mini-batch with an empty shard on one rank
+and ranks with unequal micro-batch counts (the equal-pass rule). The full updated weights and AdamW's moments
+(gathered with ``torch.distributed.checkpoint.state_dict``) and the statistics of every rank are compared with
+``update_policy`` on the same samples and generator, with shared-prefix scoring on and off, KL penalty on and
+off. One spawn runs every case.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from atgrpo.config import AlgoConfig
+from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
+from atgrpo.rollout.records import Sample
+from atgrpo.trainer.update import make_optimizer, micro_batches, plan_minibatches, update_policy
+
+TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+# (shared_prefix, kl_coef): both scoring paths; the KL reference stays a full copy on every rank
+CASES = [(True, 0.0), (False, 0.05)]
+SEED = 3
+
+
+def _algo(shared: bool, kl: float) -> AlgoConfig:
+    return AlgoConfig(shared_prefix=shared, kl_coef=kl, minibatches=3, micro_batch_size=2, update_token_budget=60,
+                      lr=1e-2, grad_clip=0.5)
+
+
+def _policy() -> CausalLMPolicy:
+    return CausalLMPolicy("p", build_tiny_model(TINY, 0), ByteTokenizer())
+
+
+def _samples() -> list[Sample]:
+    """Prompt groups of 3, 1, 5 and 2 responses (lengths 1..9), old log-probs of the initial model, random
+    advantages: 4 groups in 3 mini-batches, so two mini-batches hold one group and one rank nothing."""
+    g = torch.Generator().manual_seed(9)
+    policy, out = _policy(), []
+    for j, (lp, k) in enumerate(((11, 3), (25, 1), (6, 5), (9, 2))):
+        p = [1] + torch.randint(3, 259, (lp - 1,), generator=g).tolist()
+        rs = [torch.randint(2, 259, (int(torch.randint(1, 10, (1,), generator=g)),), generator=g).tolist()
+              for _ in range(k)]
+        with torch.no_grad():
+            old, _ = policy.response_logprobs([p] * k, rs, 1.0)
+        out += [Sample(problem=str(j), branch=i, turn=0, agent="a", policy="p", prompt="", prompt_ids=p, response="",
+                       response_ids=r, logprobs=old[i, :len(r)].tolist(), reward_team=0.0, reward_local=0.0,
+                       reward=0.0, selected=False, finished=True, advantage=float(torch.randn(1, generator=g)))
+                for i, r in enumerate(rs)]
+    return out
+
+
+def _rank(rank: int, port: int, samples: list[Sample], out_dir: str) -> None:
+    """One rank: for each case a fresh sharded model, its part of the plan, then the full weights and moments."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    from atgrpo.trainer.fsdp import shard_model, sharded_epoch_update
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        results = []
+        for shared, kl in CASES:
+            algo, policy = _algo(shared, kl), _policy()
+            reference = copy.deepcopy(policy) if kl > 0 else None
+            shard_model(policy.model)
+            optimizer = make_optimizer(policy, algo)
+            plan = plan_minibatches(samples, algo, torch.Generator().manual_seed(SEED), world=2)
+            stats = sharded_epoch_update(policy, optimizer, plan.shards[rank], plan.normalizers, plan.n_samples,
+                                         algo, 1.0, reference)
+            weights = get_model_state_dict(policy.model, options=full)
+            moments = get_optimizer_state_dict(policy.model, optimizer, options=full)
+            results.append((stats, weights, moments))
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    samples = _samples()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        mp.spawn(_rank, args=(port, samples, d), nprocs=2, join=True)
+        return samples, [torch.load(os.path.join(d, f"rank{r}.pt"), weights_only=False) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_sharded_update_equals_the_single_process_update(sharded, case):
+    samples, ranks = sharded
+    algo = _algo(*CASES[case])
+    plan = plan_minibatches(samples, algo, torch.Generator().manual_seed(SEED), world=2)
+    assert any(not sh for shards in plan.shards for sh in shards), "no rank has an empty shard"
+    counts = [[len(micro_batches(sh, algo)) for sh in shards] for shards in plan.shards]
+    assert counts[0] != counts[1], "the ranks run the same micro-batch counts: the padding is not exercised"
+
+    policy = _policy()
+    reference = copy.deepcopy(policy) if algo.kl_coef > 0 else None
+    optimizer = make_optimizer(policy, algo)
+    want = update_policy(policy, optimizer, samples, algo, 1.0, torch.Generator().manual_seed(SEED), reference)
+    assert want.optimizer_steps == 3
+
+    stats = [r[case][0] for r in ranks]
+    assert stats[0] == stats[1]  # every rank reports the same
+    got = stats[0]
+    for k in ("optimizer_steps", "tokens", "samples", "skipped_nonfinite"):
+        assert getattr(got, k) == getattr(want, k), k
+    for k in ("loss", "grad_norm", "clipfrac", "approx_kl"):
+        assert getattr(got, k) == pytest.approx(getattr(want, k), rel=1e-5, abs=1e-7), k
+    assert want.grad_norm > algo.grad_clip  # clipping ran (on the global norm)
+
+    weights, moments = ranks[0][case][1], ranks[0][case][2]
+    names = dict(policy.model.named_parameters())
+    assert set(weights) >= set(names)
+    initial = dict(_policy().model.named_parameters())
+    assert max(float((weights[n] - p.detach()).abs().max()) for n, p in initial.items()) > 1e-3  # it trained
+    for n, p in policy.model.state_dict().items():
+        torch.testing.assert_close(weights[n], p, atol=1e-5, rtol=1e-5, msg=n)
+    ids = {id(p): n for n, p in names.items()}
+    for p, st in optimizer.state.items():
+        got_st = moments["state"][ids[id(p)]]
+        assert float(got_st["step"]) == float(st["step"])
+        for k in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got_st[k], st[k], atol=1e-6, rtol=1e-4, msg=f"{ids[id(p)]} {k}")
