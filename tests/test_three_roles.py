@@ -88,6 +88,46 @@ def test_agreement_alone_does_not_end_a_three_role_episode():
     assert not r.done and env.current_agent == "verifier"
 
 
+# ---- code with a reviewer ------------------------------------------------------------------------------
+@pytest.mark.parametrize("style", ["compact", "chat"])
+@pytest.mark.parametrize("roles", [None, ("coder",)])
+def test_code_review_passes_check_env(style, roles):
+    check_env(make("code_review", style=style, roles=roles, max_turns=3), episodes=4)
+
+
+def test_the_reviewer_ends_the_episode_or_sends_the_program_back():
+    env = make("code_review", style="chat", max_turns=3)
+    env.reset(3)
+    env.step(env.expert_action("coder"))  # a correct program no longer ends the episode by itself
+    env.step(env.expert_action("tester"))
+    assert env.current_agent == "reviewer" and not env.done
+    r = env.step("REVISE: handle the empty input")  # a correct program sent back: a wrong decision
+    assert r.reward.local == 0.0 and r.reward.team == 1.0 and (env.current_agent, env.turn) == ("coder", 1)
+    assert "handle the empty input" in env.observe()[1]["content"]
+    env.step("print(1)")
+    env.step(env.expert_action("tester"))
+    r = env.step("LGTM")  # no decision: a penalty, back to the coder
+    assert r.reward.local < 0 and r.info["parse_error"] and (env.current_agent, env.turn) == ("coder", 2)
+    env.step(env.expert_action("coder"))
+    env.step(env.expert_action("tester"))
+    r = env.step("APPROVE")
+    assert r.terminated and r.reward.local == 1.0 and env.success
+
+
+def test_scripted_code_team_of_three_solves_held_out_problems():
+    envs = []
+    for s in range(4):
+        env = make("code_review", style="chat", split="eval", max_turns=2)
+        env.reset(s)
+        envs.append(env)
+    solved = 0
+    for env in envs:  # the experts in turn: coder, tester, reviewer (approves the reference solution)
+        while not env.done:
+            env.step(env.expert_action(env.current_agent))
+        solved += env.success and env.turn == 1
+    assert solved == len(envs)
+
+
 class ThreeRoleScript(ScriptedBytePolicy):
     """A team scripted from the compact prompts (``T0 Q:...``, ``R0 ... T:33``, ``V0 ... T:33 R:33``). The tool
     prints the answer, except in turn 0 of problems in ``bad_tool`` (gold + 1); the reasoner copies the tool's
@@ -195,3 +235,35 @@ def test_each_policy_of_a_two_plus_one_partition_updates_on_its_roles_only(shari
         assert result.updates[pid].samples == len(own) > 0 and result.updates[pid].optimizer_steps > 0
         moved = any(not torch.equal(a, b) for a, b in zip(before[pid], pol.model.parameters()))
         assert moved, pid
+
+
+@pytest.mark.slow
+def test_ray_backend_runs_three_policies_one_pool_each():
+    """Three roles, three policies (L3): the Ray backend starts one rollout and one update pool per policy from
+    the configuration alone, and one step equals the local backend's (same seed: same samples and rewards)."""
+    ray = pytest.importorskip("ray")
+    from atgrpo.trainer.ray.driver import RayBackend
+
+    items = FAST + ["env.name=math_verify", "env.style=compact", "env.kwargs={dataset: arithmetic, max_turns: 2}",
+                    "model.max_prompt_tokens=256", "warmstart.enabled=false", "rollout.max_new_tokens=12",
+                    "policy.sharing=L3", "system.backend=ray", "system.ray.cpus_per_worker=0.125",
+                    "system.ray.cpus_per_env_worker=0.125"]
+    cfg = load_config(None, items)
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        backend = RayBackend(cfg)
+        try:
+            assert sorted(backend.policy_ids) == sorted(TEAM)
+            local, remote = build_state(cfg), build_state(cfg)
+            remote.backend = backend
+            rl, rr = train_step(local, 1), train_step(remote, 1)
+            key = [(s.problem, s.turn, s.agent, s.branch, s.response, s.reward) for s in rl.samples]
+            assert key == [(s.problem, s.turn, s.agent, s.branch, s.response, s.reward) for s in rr.samples]
+            assert {s.policy for s in rr.samples} == set(TEAM)
+            for pid in TEAM:
+                assert rr.updates[pid].samples == rl.updates[pid].samples > 0
+        finally:
+            backend.close()
+    finally:
+        ray.shutdown()

@@ -24,23 +24,18 @@ copies a tool's output needs to have checked.
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 from .base import Messages, Reward
 from .math_env import FORMAT_PENALTY, MathEnv
+from .verdicts import read_verdict
 
-_DECISION = re.compile(r"\s*(ACCEPT|REJECT(?:\s+TOOL)?)\b\s*:?\s*(.*)", re.IGNORECASE | re.DOTALL)
-REASON_CHARS = 300
+VERDICTS = {"accept": "accept", "reject": "reject", "reject tool": "reject-tool"}
 
 
 def read_decision(text: str) -> tuple[str | None, str]:
     """(``accept`` | ``reject`` | ``reject-tool`` | None, the reason): the first word(s) of ``text``."""
-    m = _DECISION.match(text or "")
-    if not m:
-        return None, ""
-    word = " ".join(m.group(1).lower().split())
-    return {"accept": "accept", "reject": "reject", "reject tool": "reject-tool"}[word], m.group(2).strip()
+    return read_verdict(text, VERDICTS)
 
 
 class MathVerifyEnv(MathEnv):
@@ -78,7 +73,7 @@ class MathVerifyEnv(MathEnv):
             self.agreed = False  # only the verifier ends a three-role episode
             return reward, info
         decision, reason = read_decision(text)
-        self.verdict, self.reason = decision or "reject", reason[:REASON_CHARS]
+        self.verdict, self.reason = decision or "reject", reason
         answer = self.last.get("reasoner")
         correct = answer is not None and answer.correct
         right = (decision == "accept") == correct if decision else False
