@@ -129,6 +129,8 @@ def test_learning_bench_rejects_unknown_tasks_before_running(tmp_path, capsys):
 
     assert main(["bench", "learning", "--quick", "--tasks", "plan_path,chess", "--out", str(tmp_path)]) == 2
     assert "chess" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    assert main(["bench", "learning", "--quick", "--methods", "mas_atgrpo_L3,L9", "--out", str(tmp_path)]) == 2
+    assert "L9" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow

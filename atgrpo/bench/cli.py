@@ -34,7 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
     p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps)")
-    p.add_argument("--tasks", help="learning, experts: comma-separated subset of plan_path,sokoban,sudoku")
+    p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku,math; experts: of "
+                   "the three games")
+    p.add_argument("--methods", help="learning: comma-separated subset of the RL rows: single_grpo,mas_atgrpo_L1,"
+                   "mas_atgrpo_L3,mas_trajectory_grpo")
     p.add_argument("--seeds", type=int, help="learning, teams: seeds per cell (default 3; --quick: 1)")
     p.add_argument("--jobs", type=int, help="learning, teams: runs side by side, one torch thread each (default: "
                    "cores)")
@@ -65,7 +68,8 @@ def run(args) -> int:
 
         out = args.out if args.out != "bench_out" else "bench_out/learning"
         result = run_learning_bench(out, "quick" if args.quick else "default",
-                                    args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs)
+                                    args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs,
+                                    methods=args.methods.split(",") if args.methods else None)
         with open(f"{out}/results.md") as f:
             print(f.read())
         return 1 if result["failed"] else 0

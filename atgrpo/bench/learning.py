@@ -1,7 +1,7 @@
 """``atgrpo bench learning``: the paper's results table in miniature, on tiny policies and CPU.
 
-Rows are the methods of the paper's results table plus the grouping ablation; columns are Plan-Path, Sokoban and
-Sudoku; each cell is the held-out greedy success rate, mean and std over seeds. Every RL method gets the same
+Rows are the methods of the paper's results table plus the grouping ablation; columns are Plan-Path, Sokoban,
+Sudoku and math; each cell is the held-out greedy success rate, mean and std over seeds. Every RL method gets the same
 budget: the same K, steps and warm start, and about the same number of sampled responses (the single agent gets
 twice the problems per step, since the team acts twice per turn). The no-RL rows are the *before-RL* evaluation of
 the matching RL runs (same warm-started weights, same held-out problems), so they cost nothing extra:
@@ -40,6 +40,12 @@ TASKS: dict[str, list[str]] = {
                 "warmstart.epochs=6"],
     "sudoku": ["env.name=sudoku", "env.kwargs.size=4", "env.kwargs.holes=4", "env.kwargs.max_turns=3",
                "rollout.max_new_tokens=20", "warmstart.batch_size=16", "warmstart.epochs=3"],
+    # arithmetic, 2-3 terms of 1-2 digits: the tool agent prints the expression, the reasoner boxes an answer; the
+    # single agent is the reasoner alone, which must compute in its head
+    "math": ["env.name=math", "env.style=compact", "env.kwargs.dataset=arithmetic", "env.kwargs.max_turns=3",
+             "env.kwargs.timeout=2.0", "env.kwargs.dataset_kwargs={min_terms: 2, max_terms: 3, min_digits: 1, "
+             "max_digits: 2}", "model.max_prompt_tokens=256", "rollout.max_new_tokens=32", "warmstart.noise=0.1",
+             "warmstart.episodes=400", "warmstart.epochs=4"],
 }
 # Advantages without the per-group std division (as Dr. GRPO), for every method alike: with it, Sokoban's
 # -0.01-per-move cost, blown up to unit scale in groups where nobody solves, drove both the single agent and the
@@ -77,21 +83,28 @@ def run_cell(items: list[str], run_dir: str) -> dict[str, Any]:
 
 
 def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None = None,
-                       seeds: int | None = None, jobs: int | None = None, progress: bool = True) -> dict[str, Any]:
+                       seeds: int | None = None, jobs: int | None = None, progress: bool = True,
+                       methods: list[str] | None = None) -> dict[str, Any]:
     """Run the table: every (task, method, seed) cell as its own training, ``jobs`` at a time (default: one per
     core), each in a fresh process with one torch thread. A cell that raises is reported (``result["failed"]``)
-    and left out of the table; the others go on. ``runs.jsonl`` gets each cell as it finishes."""
+    and left out of the table; the others go on. ``runs.jsonl`` gets each cell as it finishes. ``methods``: a
+    subset of the RL rows by their config names (``mas_atgrpo_L3``, ...; default all)."""
     from ..config import ConfigError
 
     tasks = tasks or list(TASKS)
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
         raise ConfigError(f"unknown learning-bench task(s) {', '.join(unknown)}; choose from: {', '.join(TASKS)}")
+    by_name = {CONFIG_NAMES[m]: m for m in RL_METHODS}
+    wrong = [m for m in methods or [] if m not in by_name]
+    if wrong:
+        raise ConfigError(f"unknown learning-bench method(s) {', '.join(wrong)}; choose from: {', '.join(by_name)}")
+    chosen = [by_name[m] for m in methods] if methods else list(RL_METHODS)
     n_seeds = seeds or SIZES[size]["seeds"]
     jobs = jobs or os.cpu_count() or 1
     os.makedirs(out, exist_ok=True)
     cells = [({"task": task, "method": method, "seed": seed}, cell_overrides(task, method, size, seed))
-             for task in tasks for method in RL_METHODS for seed in range(n_seeds)]
+             for task in tasks for method in chosen for seed in range(n_seeds)]
     start = time.time()
     runs, failed = run_cells(cells, out, jobs, progress)
     table = _table(runs, tasks)
@@ -100,7 +113,8 @@ def run_learning_bench(out: str, size: str = "default", tasks: list[str] | None 
               "wall_seconds": time.time() - start,
               "command": (f"atgrpo bench learning{' --quick' if size == 'quick' else ''}"
                           f"{f' --seeds {seeds}' if seeds else ''}"
-                          f"{f' --tasks {chr(44).join(tasks)}' if tasks != list(TASKS) else ''} --out {out}")}
+                          f"{f' --tasks {chr(44).join(tasks)}' if tasks != list(TASKS) else ''}"
+                          f"{f' --methods {chr(44).join(methods)}' if methods else ''} --out {out}")}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "results.md"), "w") as f:

@@ -19,20 +19,18 @@ import statistics
 import time
 from typing import Any
 
-from .learning import COMMON, RECIPE, run_cells
+from .learning import COMMON, RECIPE, TASKS, run_cells
 
-# arithmetic with 2-3 terms of 1-2 digits, compact prompts, up to 3 turns: configs/math_L1.yaml's task
-MATH = ["env.style=compact", "env.kwargs.dataset=arithmetic", "env.kwargs.max_turns=3", "env.kwargs.timeout=2.0",
-        "env.kwargs.dataset_kwargs={min_terms: 2, max_terms: 3, min_digits: 1, max_digits: 2}",
-        "model.max_prompt_tokens=256", "rollout.max_new_tokens=32", "rollout.K=4", "warmstart.noise=0.1"]
+# the learning bench's math task (arithmetic, 2-3 terms of 1-2 digits, compact prompts, up to 3 turns, its warm
+# start), its environment chosen per team
+MATH = [i for i in TASKS["math"] if not i.startswith("env.name=")] + ["rollout.K=4"]
 TEAMS: dict[str, tuple[str, int]] = {  # team -> (environment, problems per step)
     "two roles (tool, reasoner)": ("math", 12),
     "three roles (tool, reasoner, verifier)": ("math_verify", 8),
 }
 SHARING = {"shared policy (L1)": "L1", "one policy per role (L3)": "L3"}
 SIZES: dict[str, dict[str, Any]] = {
-    "default": {"seeds": 3, "overrides": ["train.steps=20", "warmstart.episodes=400", "warmstart.epochs=4",
-                                          "eval.problems=100", "eval.every=10"]},
+    "default": {"seeds": 3, "overrides": ["train.steps=20", "eval.problems=100", "eval.every=10"]},
     "quick": {"seeds": 1, "overrides": ["train.steps=1", "warmstart.episodes=16", "warmstart.epochs=1",
                                         "eval.problems=4", "eval.every=0"]},
 }
