@@ -36,8 +36,8 @@ def _algo(shared: bool, kl: float) -> AlgoConfig:
                       lr=1e-2, grad_clip=0.5)
 
 
-def _policy() -> CausalLMPolicy:
-    return CausalLMPolicy("p", build_tiny_model(TINY, 0), ByteTokenizer())
+def _policy(seed: int = 0) -> CausalLMPolicy:
+    return CausalLMPolicy("p", build_tiny_model(TINY, seed), ByteTokenizer())
 
 
 def _samples() -> list[Sample]:
@@ -59,27 +59,36 @@ def _samples() -> list[Sample]:
 
 
 def _rank(rank: int, port: int, samples: list[Sample], out_dir: str) -> None:
-    """One rank: for each case a fresh sharded model, its part of the plan, then the full weights and moments."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-
-    from atgrpo.trainer.fsdp import shard_model, sharded_epoch_update
+    """One rank, for each case: two updates (two plans from one generator), each on a fresh sharded model of
+    another seed loaded with the state the previous one left (``load_full_state``; the first gets the initial
+    weights and an empty optimizer state), as a Ray update worker is loaded at attach and resume."""
+    from atgrpo.trainer.fsdp import (full_optimizer_state, full_trainable_state, load_full_state, shard_model,
+                                     sharded_epoch_update)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
         results = []
         for shared, kl in CASES:
-            algo, policy = _algo(shared, kl), _policy()
-            reference = copy.deepcopy(policy) if kl > 0 else None
-            shard_model(policy.model)
-            optimizer = make_optimizer(policy, algo)
-            plan = plan_minibatches(samples, algo, torch.Generator().manual_seed(SEED), world=2)
-            stats = sharded_epoch_update(policy, optimizer, plan.shards[rank], plan.normalizers, plan.n_samples,
-                                         algo, 1.0, reference)
-            weights = get_model_state_dict(policy.model, options=full)
-            moments = get_optimizer_state_dict(policy.model, optimizer, options=full)
+            algo, gen = _algo(shared, kl), torch.Generator().manual_seed(SEED)
+            initial = _policy()
+            reference = copy.deepcopy(initial) if kl > 0 else None
+            weights = dict(initial.model.named_parameters())
+            moments = make_optimizer(initial, algo).state_dict()
+            stats = []
+            for _ in range(2):
+                box = [(weights, moments)]
+                dist.broadcast_object_list(box, src=0)  # rank 0's state to every rank (the driver's copy)
+                weights, moments = box[0]
+                policy = _policy(seed=1)
+                shard_model(policy.model)
+                optimizer = make_optimizer(policy, algo)
+                load_full_state(policy, optimizer, {n: w.detach() for n, w in weights.items()}, moments)
+                plan = plan_minibatches(samples, algo, gen, world=2)
+                stats.append(sharded_epoch_update(policy, optimizer, plan.shards[rank], plan.normalizers,
+                                                  plan.n_samples, algo, 1.0, reference))
+                weights, moments = full_trainable_state(policy.model), full_optimizer_state(policy, optimizer)
+                assert rank == 0 or (weights == {} and moments == {})
             results.append((stats, weights, moments))
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -108,29 +117,30 @@ def test_sharded_update_equals_the_single_process_update(sharded, case):
 
     policy = _policy()
     reference = copy.deepcopy(policy) if algo.kl_coef > 0 else None
-    optimizer = make_optimizer(policy, algo)
-    want = update_policy(policy, optimizer, samples, algo, 1.0, torch.Generator().manual_seed(SEED), reference)
-    assert want.optimizer_steps == 3
+    optimizer, gen = make_optimizer(policy, algo), torch.Generator().manual_seed(SEED)
+    want = [update_policy(policy, optimizer, samples, algo, 1.0, gen, reference) for _ in range(2)]
 
-    stats = [r[case][0] for r in ranks]
-    assert stats[0] == stats[1]  # every rank reports the same
-    got = stats[0]
-    for k in ("optimizer_steps", "tokens", "samples", "skipped_nonfinite"):
-        assert getattr(got, k) == getattr(want, k), k
-    for k in ("loss", "grad_norm", "clipfrac", "approx_kl"):
-        assert getattr(got, k) == pytest.approx(getattr(want, k), rel=1e-5, abs=1e-7), k
-    assert want.grad_norm > algo.grad_clip  # clipping ran (on the global norm)
+    stats, weights, moments = ranks[0][case]
+    assert ranks[1][case][0] == stats  # every rank reports the same
+    for got, exp in zip(stats, want):
+        assert exp.optimizer_steps == 3 and exp.grad_norm > algo.grad_clip  # clipping ran (on the global norm)
+        for k in ("optimizer_steps", "tokens", "samples", "skipped_nonfinite"):
+            assert getattr(got, k) == getattr(exp, k), k
+        for k in ("loss", "grad_norm", "clipfrac", "approx_kl"):
+            assert getattr(got, k) == pytest.approx(getattr(exp, k), rel=1e-5, abs=1e-7), k
 
-    weights, moments = ranks[0][case][1], ranks[0][case][2]
     names = dict(policy.model.named_parameters())
-    assert set(weights) >= set(names)
+    assert set(weights) == set(names)
     initial = dict(_policy().model.named_parameters())
     assert max(float((weights[n] - p.detach()).abs().max()) for n, p in initial.items()) > 1e-3  # it trained
-    for n, p in policy.model.state_dict().items():
-        torch.testing.assert_close(weights[n], p, atol=1e-5, rtol=1e-5, msg=n)
-    ids = {id(p): n for n, p in names.items()}
-    for p, st in optimizer.state.items():
-        got_st = moments["state"][ids[id(p)]]
-        assert float(got_st["step"]) == float(st["step"])
+    for n, p in names.items():
+        torch.testing.assert_close(weights[n], p.detach(), atol=1e-5, rtol=1e-5, msg=n)
+    exp = optimizer.state_dict()
+    def groups(sd):  # betas come back a list
+        return [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in sd["param_groups"]]
+
+    assert groups(moments) == groups(exp) and moments["state"].keys() == exp["state"].keys()
+    for i, st in exp["state"].items():
+        assert float(moments["state"][i]["step"]) == float(st["step"]) == 6
         for k in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(got_st[k], st[k], atol=1e-6, rtol=1e-4, msg=f"{ids[id(p)]} {k}")
+            torch.testing.assert_close(moments["state"][i][k], st[k], atol=1e-6, rtol=1e-4, msg=f"{i} {k}")

@@ -34,6 +34,7 @@ def validate(cfg: Config, training: bool = True) -> None:
     n_policies = _validate_env(cfg)
     _validate_logging(cfg.logging)
     validate_ray(cfg.system.ray)
+    _validate_update_sharding(cfg)
     if cfg.system.backend == "ray":
         validate_ray_fit(cfg.system.ray, n_policies)
     if cfg.rollout.engine == "vllm":
@@ -55,6 +56,19 @@ def _validate_logging(lg: LoggingConfig) -> None:
                               f"(or drop it from logging.backends)")
     if not lg.project:
         raise ConfigError("logging.project must be a non-empty name (the wandb project, the mlflow experiment)")
+
+
+def _validate_update_sharding(cfg: Config) -> None:
+    """FSDP2 sharding (``system.ray.update_sharding=fsdp``) is tested on whole-model policies without gradient
+    checkpointing (tests/test_fsdp.py); the other combinations are refused rather than left untried."""
+    if cfg.system.ray.update_sharding != "fsdp":
+        return
+    if cfg.policy.sharing == "L2":
+        raise ConfigError("system.ray.update_sharding=fsdp is not supported with policy.sharing=L2 (per-role LoRA "
+                          "adapters are small: use update_sharding=replicate)")
+    if cfg.model.gradient_checkpointing:
+        raise ConfigError("system.ray.update_sharding=fsdp is not supported with model.gradient_checkpointing=true "
+                          "(untested together); use one of them")
 
 
 def _validate_vllm(cfg: Config) -> None:

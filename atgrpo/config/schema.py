@@ -185,6 +185,8 @@ class RayConfig:
     num_cpus: int | None = at_least(None, 1)  # local cluster only: logical CPUs it offers (None: what Ray detects)
     num_rollout_workers: int = at_least(1, 1)  # per policy: inference actors (1 keeps the local backend's random stream)
     num_update_workers: int = at_least(1, 1)  # per policy: data-parallel optimisation actors (torch.distributed)
+    update_sharding: Literal["replicate", "fsdp"] = "replicate"  # the update workers of a policy: a full replica
+    # each, gradients all-reduced | FSDP2 shards of one model (docs/performance.md); only with num_update_workers > 1
     num_env_workers: int = at_least(2, 1)  # CPU actors that step environments (and run their sandboxed code)
     cpus_per_worker: float | None = None  # CPUs reserved per rollout / update worker (in its policy's placement
     # group); None: a local cluster's CPUs shared by all workers (at most 1 each), 1 on an existing cluster

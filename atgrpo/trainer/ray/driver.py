@@ -18,6 +18,10 @@ With one rollout worker per policy the run draws the same random numbers as the 
 are identical and the losses equal up to float summation order (tests/test_ray_backend.py). With several, each
 rollout worker samples its share of the prompts from a seed drawn from the run's generator.
 
+With ``system.ray.update_sharding=fsdp`` a policy's update workers hold FSDP2 shards of it (``workers.py``):
+reading its weights or optimizer state is then a collective, so the driver calls it on every rank of the pool
+(``_from_rank0``) and keeps rank 0's answer.
+
 Faults: an environment worker that dies (``RayActorError``) is replaced and its work resubmitted, up to
 ``system.ray.env_retries`` times per task, then the step fails loudly. A dead rollout or update worker fails
 the step (a data-parallel group cannot lose a rank). Samples sent to update workers and samples trained are
@@ -277,6 +281,13 @@ class RayBackend:
         self._sync_weights(state, list(calls))
         return stats
 
+    def _from_rank0(self, pool: Pool, method: str):
+        """The object ref of rank 0's ``method()``; with sharded update workers the call is a collective, so every
+        rank makes it (the others return {})."""
+        r = self.cfg.system.ray
+        ranks = pool.update if r.update_sharding == "fsdp" and len(pool.update) > 1 else pool.update[:1]
+        return [getattr(w, method).remote() for w in ranks][0]
+
     def _sync_weights(self, state, pids: list[str]) -> None:
         """Rank 0's trainable weights to the policy's rollout workers (one object-store copy) and the driver."""
         import ray
@@ -284,7 +295,7 @@ class RayBackend:
         from .workers import load_trainable
 
         t = time.perf_counter()
-        wrefs = {pid: self.pools[pid].update[0].weights.remote() for pid in pids}
+        wrefs = {pid: self._from_rank0(self.pools[pid], "weights") for pid in pids}
         loads = [r.load.remote(wrefs[pid]) for pid in pids for r in self.pools[pid].rollout]
         for pid in pids:
             load_trainable(state.policies[pid].model, ray.get(wrefs[pid]))
@@ -297,7 +308,7 @@ class RayBackend:
 
         if self._state is not state:
             return  # the workers hold nothing newer than the driver
-        opts = ray.get([p.update[0].optimizer_state.remote() for p in self.pools.values()])
+        opts = ray.get([self._from_rank0(p, "optimizer_state") for p in self.pools.values()])
         for pid, opt in zip(self.pools, opts):
             state.optimizers[pid].load_state_dict(opt)
 

@@ -14,6 +14,12 @@ statistics; every rank then clips and steps identically. The driver plans the mi
 update's planner (``update.plan_minibatches`` on the run's generator, sharded over the ranks), so the result
 equals the single-process ``update.update_policy`` up to float summation order (tests/test_ray_backend.py
 compares the two).
+
+With ``system.ray.update_sharding=fsdp`` (and more than one update worker) each rank instead holds a shard of
+the policy (``trainer/fsdp.py``: FSDP2, gradients summed by the backward's reduce-scatter) and runs
+``fsdp.sharded_epoch_update``. Loading weights and optimizer state into the ranks and reading them out are then
+collectives (``torch.distributed.checkpoint.state_dict``, full state dicts): the driver calls ``load``,
+``weights`` and ``optimizer_state`` on every rank of the pool, and only rank 0 returns the full state.
 """
 
 from __future__ import annotations
@@ -134,30 +140,63 @@ class UpdateWorker:
             s.bind(("", 0))
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
+    @property
+    def sharded(self) -> bool:
+        """Whether this rank holds a shard of the policy (FSDP2) rather than a full replica."""
+        return self.world > 1 and self.cfg.system.ray.update_sharding == "fsdp"
+
     def init_group(self, addr: str, port: int) -> None:
+        """Join the policy's process group; with fsdp, shard the policy and build the optimizer on the shards."""
         if self.world > 1 and not dist.is_initialized():
             backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
             dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                     world_size=self.world)
+            if self.sharded:
+                from ..fsdp import shard_model
+
+                shard_model(self.policy.model)
+                self.optimizer = make_optimizer(self.policy, self.cfg.algo)
 
     def load(self, weights, optimizer_state=None, reference=None) -> None:
-        load_trainable(self.policy.model, weights)
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
-        if reference is not None:  # the frozen KL reference (scored under no_grad only)
+        """The driver's trainable weights, optimizer state and KL reference (sharded: a collective, every rank)."""
+        if self.sharded:
+            from ..fsdp import load_full_state
+
+            load_full_state(self.policy, self.optimizer, weights, optimizer_state)
+        else:
+            load_trainable(self.policy.model, weights)
+            if optimizer_state is not None:
+                self.optimizer.load_state_dict(optimizer_state)
+        if reference is not None:  # the frozen KL reference (scored under no_grad only; never sharded)
             if self.reference is None:
                 self.reference = build_policy(self.cfg, self.pid, self.policy_ids)
             load_trainable(self.reference.model, reference)
 
     def weights(self) -> dict[str, torch.Tensor]:
+        """The trainable weights (sharded: a collective; the full weights on rank 0, {} elsewhere)."""
+        if self.sharded:
+            from ..fsdp import full_trainable_state
+
+            return full_trainable_state(self.policy.model)
         return trainable_state(self.policy.model)
 
     def optimizer_state(self) -> dict:
+        """``optimizer.state_dict()`` of a single process (sharded: a collective, rank 0's; {} elsewhere)."""
+        if self.sharded:
+            from ..fsdp import full_optimizer_state
+
+            return full_optimizer_state(self.policy, self.optimizer)
         return self.optimizer.state_dict()
 
     def update(self, shards: list[list[Sample]], normalizers: list[float], n_samples: int,
                temperature: float) -> tuple[UpdateStats, int]:
         """Returns the update's statistics and the number of samples this rank trained on."""
+        if self.sharded:
+            from ..fsdp import sharded_epoch_update
+
+            stats = sharded_epoch_update(self.policy, self.optimizer, shards, normalizers, n_samples,
+                                         self.cfg.algo, temperature, self.reference)
+            return stats, sum(len(s) for s in shards)
         allreduce = (lambda t: dist.all_reduce(t, op=dist.ReduceOp.SUM)) if self.world > 1 else None
         stats = epoch_update(self.policy, self.optimizer, shards, normalizers, n_samples, self.cfg.algo,
                                  temperature, self.reference, allreduce)
