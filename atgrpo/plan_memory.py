@@ -347,16 +347,21 @@ class GpuFit:
     - Ray backend with ``system.ray.gpus_per_worker=1``: one pool per policy (L2: per role, each worker rebuilding
       the base with every adapter), each with ``rollout_workers`` rollout workers (weights + runtime + their
       share of the rollout: the problems of a step are split among them, and the KV cache and prefill with them)
-      and one update worker (weights + its optimizer + update + runtime), each on a GPU of its own.
-    None where a worker cannot fit one GPU: atgrpo does not shard a model."""
+      and one update worker (weights + its optimizer + update + runtime), each on a GPU of its own. An update
+      worker that does not fit one GPU (L1/L3) is split into ``update_workers`` FSDP ranks
+      (``system.ray.update_sharding=fsdp``): each holds 1/n of the weights, gradients and AdamW moments, and
+      the whole activations of its micro-batch (the full weights of one layer at a time are all-gathered: not
+      counted), plus the runtime and a full KL reference.
+    None where a worker cannot fit one GPU even so (rollout workers hold full weights)."""
 
     local_bytes: int
     local_fits: bool
     pools: int
     rollout_workers: int | None  # per pool
     rollout_worker_bytes: int  # each, with that many workers
-    update_worker_bytes: int
-    ray_gpus: int | None  # pools * (rollout_workers + 1)
+    update_worker_bytes: int  # each
+    ray_gpus: int | None  # pools * (rollout_workers + update_workers)
+    update_workers: int = 1  # per pool: > 1 means FSDP ranks (system.ray.update_sharding=fsdp)
 
 
 def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
@@ -370,9 +375,17 @@ def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     n = math.ceil(rollout / (gpu_bytes - fixed)) if gpu_bytes > fixed else None
     n = None if n is None or n > r.problems else max(1, n)
     update = max(p.weights + p.reference // share + p.optimizer // share + p.update + p.runtime for p in plans)
+    shards = 1
+    if update > gpu_bytes and r.sharing != "L2":  # FSDP: the sharded state over as many ranks as it takes
+        state = max(p.weights + p.grads + p.optimizer for p in plans)
+        room = gpu_bytes - max(p.activations + p.runtime + p.reference for p in plans)
+        if room > 0:
+            shards = math.ceil(state / room)
+            update = max(math.ceil((p.weights + p.grads + p.optimizer) / shards) + p.activations + p.runtime
+                         + p.reference for p in plans)
     ok = n is not None and update <= gpu_bytes
     return GpuFit(local, local <= gpu_bytes, pools, n, fixed + math.ceil(rollout / (n or 1)), update,
-                  pools * (n + 1) if ok else None)
+                  pools * (n + shards) if ok else None, shards)
 
 
 # ---- the report -------------------------------------------------------------------------------------------------
@@ -411,12 +424,16 @@ def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
                  + ("fits: 1 GPU" if fit.local_fits else "does not fit"))
     ray = "several GPUs (system.backend=ray system.ray.gpus_per_worker=1"
     if fit.ray_gpus is None:
-        ray += (f"): a worker does not fit one GPU (update worker {_gib(fit.update_worker_bytes)} GiB); atgrpo does "
-                "not shard a model over GPUs: lower algo.update_token_budget, use L2 or bfloat16, or "
-                "model.gradient_checkpointing=true, or larger GPUs")
+        ray += (f"): a worker does not fit one GPU (update worker {_gib(fit.update_worker_bytes)} GiB, rollout "
+                f"worker {_gib(fit.rollout_worker_bytes)} GiB): lower algo.update_token_budget or "
+                "rollout.problems_per_step, use L2 or bfloat16, or model.gradient_checkpointing=true, or larger GPUs")
     else:
-        ray += (f" system.ray.num_rollout_workers={fit.rollout_workers}): {fit.ray_gpus} GPUs: per policy pool "
-                f"(x{fit.pools}) {fit.rollout_workers} rollout worker{'s' if fit.rollout_workers > 1 else ''} of "
-                f"{_gib(fit.rollout_worker_bytes)} GiB + 1 update worker of {_gib(fit.update_worker_bytes)} GiB")
+        sharded = (f" system.ray.num_update_workers={fit.update_workers} system.ray.update_sharding=fsdp"
+                   if fit.update_workers > 1 else "")
+        ray += (f" system.ray.num_rollout_workers={fit.rollout_workers}{sharded}): {fit.ray_gpus} GPUs: per policy "
+                f"pool (x{fit.pools}) {fit.rollout_workers} rollout worker{'s' if fit.rollout_workers > 1 else ''} "
+                f"of {_gib(fit.rollout_worker_bytes)} GiB + {fit.update_workers} update worker"
+                f"{'s (FSDP ranks)' if fit.update_workers > 1 else ''} of {_gib(fit.update_worker_bytes)} GiB"
+                + (" each" if fit.update_workers > 1 else ""))
     lines.append(ray)
     return "\n".join(lines)

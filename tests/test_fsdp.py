@@ -26,12 +26,13 @@ from atgrpo.rollout.records import Sample
 from atgrpo.trainer.update import make_optimizer, micro_batches, plan_minibatches, update_policy
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-# (shared_prefix, kl_coef): both scoring paths; the KL reference stays a full copy on every rank
-CASES = [(True, 0.0), (False, 0.05)]
+# (shared_prefix, kl_coef, gradient checkpointing): both scoring paths; the KL reference stays a full copy on
+# every rank; checkpointed layers recompute the prefix tree under FSDP (the reference update is unchecked)
+CASES = [(True, 0.0, False), (False, 0.05, False), (True, 0.0, True)]
 SEED = 3
 
 
-def _algo(shared: bool, kl: float) -> AlgoConfig:
+def _algo(shared: bool, kl: float, checkpointing: bool = False) -> AlgoConfig:
     return AlgoConfig(shared_prefix=shared, kl_coef=kl, minibatches=3, micro_batch_size=2, update_token_budget=60,
                       lr=1e-2, grad_clip=0.5)
 
@@ -62,6 +63,7 @@ def _rank(rank: int, port: int, samples: list[Sample], out_dir: str) -> None:
     """One rank, for each case: two updates (two plans from one generator), each on a fresh sharded model of
     another seed loaded with the state the previous one left (``load_full_state``; the first gets the initial
     weights and an empty optimizer state), as a Ray update worker is loaded at attach and resume."""
+    from atgrpo.policies.cascade import enable_checkpointing
     from atgrpo.trainer.fsdp import (full_optimizer_state, full_trainable_state, load_full_state, shard_model,
                                      sharded_epoch_update)
 
@@ -69,7 +71,7 @@ def _rank(rank: int, port: int, samples: list[Sample], out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         results = []
-        for shared, kl in CASES:
+        for shared, kl, checkpointing in CASES:
             algo, gen = _algo(shared, kl), torch.Generator().manual_seed(SEED)
             initial = _policy()
             reference = copy.deepcopy(initial) if kl > 0 else None
@@ -81,7 +83,10 @@ def _rank(rank: int, port: int, samples: list[Sample], out_dir: str) -> None:
                 dist.broadcast_object_list(box, src=0)  # rank 0's state to every rank (the driver's copy)
                 weights, moments = box[0]
                 policy = _policy(seed=1)
+                if checkpointing:
+                    enable_checkpointing(policy.model)
                 shard_model(policy.model)
+                assert policy.model.model.layers[0].gradient_checkpointing == checkpointing
                 optimizer = make_optimizer(policy, algo)
                 load_full_state(policy, optimizer, {n: w.detach() for n, w in weights.items()}, moments)
                 plan = plan_minibatches(samples, algo, gen, world=2)

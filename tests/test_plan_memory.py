@@ -108,6 +108,13 @@ def test_gpu_fit():
     assert (fit.rollout_workers, fit.rollout_worker_bytes, fit.ray_gpus) == (2, room, None)  # update too big
     big_update = pm.fit_gpus(plans, pm.RunSettings(**{**r.__dict__, "problems": 1}), room)
     assert big_update.rollout_workers is None  # one problem cannot be split over two workers
+    # room for the activations and runtime plus half the update's state (weights, grads, AdamW): two FSDP ranks
+    half = pm.GIB + 22016 + (5408 + 5408 + 10816) // 2
+    fit = pm.fit_gpus(plans, r, half)
+    assert fit.update_workers == 2 and fit.update_worker_bytes == half and fit.rollout_workers == 1
+    assert fit.ray_gpus == 2 * (1 + 2)
+    l2 = pm.RunSettings(**{**r.__dict__, "sharing": "L2"})  # no sharded update with LoRA
+    assert pm.fit_gpus(pm.plan(SHAPE, l2), l2, half).update_workers == 1
 
 
 def test_parameter_counts_match_real_models():

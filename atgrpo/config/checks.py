@@ -59,16 +59,13 @@ def _validate_logging(lg: LoggingConfig) -> None:
 
 
 def _validate_update_sharding(cfg: Config) -> None:
-    """FSDP2 sharding (``system.ray.update_sharding=fsdp``) is tested on whole-model policies without gradient
-    checkpointing (tests/test_fsdp.py); the other combinations are refused rather than left untried."""
+    """FSDP2 sharding (``system.ray.update_sharding=fsdp``) is tested on whole-model policies, with and without
+    gradient checkpointing (tests/test_fsdp.py); LoRA (L2) is refused rather than left untried."""
     if cfg.system.ray.update_sharding != "fsdp":
         return
     if cfg.policy.sharing == "L2":
         raise ConfigError("system.ray.update_sharding=fsdp is not supported with policy.sharing=L2 (per-role LoRA "
                           "adapters are small: use update_sharding=replicate)")
-    if cfg.model.gradient_checkpointing:
-        raise ConfigError("system.ray.update_sharding=fsdp is not supported with model.gradient_checkpointing=true "
-                          "(untested together); use one of them")
 
 
 def _validate_vllm(cfg: Config) -> None:
