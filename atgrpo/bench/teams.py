@@ -30,7 +30,7 @@ TEAMS: dict[str, tuple[str, int]] = {  # team -> (environment, problems per step
 }
 SHARING = {"shared policy (L1)": "L1", "one policy per role (L3)": "L3"}
 SIZES: dict[str, dict[str, Any]] = {
-    "default": {"seeds": 3, "overrides": ["train.steps=20", "eval.problems=100", "eval.every=10"]},
+    "default": {"seeds": 3, "overrides": ["train.steps=10", "eval.problems=60", "eval.every=5"]},
     "quick": {"seeds": 1, "overrides": ["train.steps=1", "warmstart.episodes=16", "warmstart.epochs=1",
                                         "eval.problems=4", "eval.every=0"]},
 }
