@@ -30,7 +30,9 @@ TEAMS: dict[str, tuple[str, int]] = {  # team -> (environment, problems per step
 }
 SHARING = {"shared policy (L1)": "L1", "one policy per role (L3)": "L3"}
 SIZES: dict[str, dict[str, Any]] = {
-    "default": {"seeds": 3, "overrides": ["train.steps=10", "eval.problems=60", "eval.every=5"]},
+    # lr 5e-5: at the default 2e-4 the tiny math team of two fell from 0.40 / 0.65 to 0.12 in 10 steps (seeds 0,
+    # 1: its byte-level copying of digits broke); at 5e-5 it holds (0.40 -> 0.33)
+    "default": {"seeds": 3, "overrides": ["train.steps=10", "eval.problems=60", "eval.every=5", "algo.lr=5e-5"]},
     "quick": {"seeds": 1, "overrides": ["train.steps=1", "warmstart.episodes=16", "warmstart.epochs=1",
                                         "eval.problems=4", "eval.every=0"]},
 }
