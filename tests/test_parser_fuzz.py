@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from atgrpo.envs import PROMPT_STYLES, make, registered
 
 ENVS = list(registered())
-SANDBOXED = {"code", "math"}  # their step() runs the text as a program
+SANDBOXED = {"code", "math", "code_review", "math_verify"}  # their step() runs the text as a program
 
 # text that is no answer in any environment: no letters or digits (no move, cell, number or Python name), no
 # brackets, quotes or '#' (no list, string or comment), only control characters, symbols and odd spaces
@@ -41,24 +41,18 @@ JUNK_TEXT = st.text(alphabet=st.sampled_from(JUNK_CHARS), max_size=300)
 
 
 def _prestates(name, style):
-    """For every agent, at turn 0 and (if the episode lasts) turn 1: an env whose acting agent is that agent."""
-    out = []
-    env = make(name, style=style)
-    for turn in range(min(2, env.max_turns)):
-        for i, agent in enumerate(env.agents):
-            for filler in ("expert", ""):  # earlier agents act as the expert would, else with empty text
-                e = make(name, style=style)
-                e.reset(3)
-                for _ in range(turn * len(e.agents) + i):
-                    if e.done:
-                        break
-                    e.step(_expert(e) if filler == "expert" else "")
-                if not e.done:
-                    assert e.current_agent == agent
-                    out.append(e)
-                    break
-    assert {e.current_agent for e in out} == set(env.agents), f"{name}: could not reach every agent"
-    return out
+    """For every agent, at turn 0 and (if the episode lasts) turn 1: an env whose acting agent is that agent,
+    reached with the earlier agents acting as the expert would, else with empty text. The episode is followed
+    as the env runs it, so a chosen turn order (a verifier sending the turn back) is covered too."""
+    out = {}
+    for filler in ("expert", ""):
+        e = make(name, style=style)
+        e.reset(3)
+        while not e.done and e.turn < 2:
+            out.setdefault((e.turn, e.current_agent), e.clone())
+            e.step(_expert(e) if filler == "expert" else "")
+    assert {agent for _, agent in out} == set(make(name, style=style).agents), f"{name}: could not reach every agent"
+    return list(out.values())
 
 
 def _expert(env):
