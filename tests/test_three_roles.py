@@ -247,7 +247,7 @@ def test_ray_backend_runs_three_policies_one_pool_each():
     items = FAST + ["env.name=math_verify", "env.style=compact", "env.kwargs={dataset: arithmetic, max_turns: 2}",
                     "model.max_prompt_tokens=256", "warmstart.enabled=false", "rollout.max_new_tokens=12",
                     "policy.sharing=L3", "system.backend=ray", "system.ray.cpus_per_worker=0.125",
-                    "system.ray.cpus_per_env_worker=0.125"]
+                    "system.ray.cpus_per_env_worker=0.125", "algo.filter_zero_variance=false"]
     cfg = load_config(None, items)
     assert not ray.is_initialized()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
