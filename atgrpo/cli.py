@@ -107,6 +107,7 @@ def cmd_eval(args) -> int:
 
 def cmd_plan_memory(args) -> int:
     from . import plan_memory as pm
+    from .config.checks import validate_env
     from .config.loading import read_config
     from .config.schema import check_fields
 
@@ -116,12 +117,7 @@ def cmd_plan_memory(args) -> int:
     cfg = read_config(path, overrides)  # a plan for a GPU machine may be made on a laptop: no device checks
     check_fields(cfg)
     shape = _plan_shape(cfg, args.model, args.model_config)
-    roles = 1  # L0 / L1: one policy; L2 / L3: one per role or per policy.groups entry (config.checks.route_agents)
-    if cfg.policy.sharing in ("L2", "L3"):
-        from .config.checks import route_agents
-        from .envs import make
-
-        roles = len(set(route_agents(cfg, make(cfg.env.name, style=cfg.env.style, **cfg.env.kwargs).agents).values()))
+    roles = validate_env(cfg)  # the environment fits its kwargs; the policies the run builds (route_agents)
     settings = pm.settings_from_config(cfg, roles, args.prompt_tokens, args.new_tokens)
     try:
         print(pm.format_plan(shape, settings, args.gpu_gb))

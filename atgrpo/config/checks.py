@@ -31,7 +31,7 @@ def validate(cfg: Config, training: bool = True) -> None:
     if training and cfg.rollout.K == 1 and cfg.train.steps > 0:
         raise ConfigError("rollout.K=1 puts one sample in every group, so every advantage is 0 and nothing is "
                           "learned; use rollout.K >= 2 (K=1 only for evaluation: train.steps=0, or atgrpo eval)")
-    n_policies = _validate_env(cfg)
+    n_policies = validate_env(cfg)
     _validate_logging(cfg.logging)
     validate_ray(cfg.system.ray)
     _validate_update_sharding(cfg)
@@ -134,7 +134,7 @@ def _resolve_env(name: Any):
 _ENV_SET_BY_ATGRPO = {"style": "env.style", "split": "atgrpo (train and evaluation problems)"}
 
 
-def _validate_env(cfg: Config) -> int:
+def validate_env(cfg: Config) -> int:
     """``env.kwargs`` fit the environment: every key a parameter of its constructor, simple types as annotated,
     and the environment builds and resets once. Returns the number of policies the run will build."""
     import inspect

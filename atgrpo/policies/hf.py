@@ -223,7 +223,8 @@ def resolve_model_dir(mcfg) -> str:
 
 
 def load_hf_model(mcfg):
-    """(model, tokenizer) for a ``ModelConfig`` with ``kind: hf``: dtype and device from the config. The tokenizer gets a pad token (EOS) when it has none."""
+    """(model, tokenizer) for a ``ModelConfig`` with ``kind: hf``: dtype and device from the config. The tokenizer
+    gets a pad token (EOS) when it has none."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
