@@ -134,7 +134,7 @@ def run_cells(cells: list[tuple[dict[str, Any], list[str]]], out: str, jobs: int
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    runs: list[dict[str, Any]] = []
+    done: dict[int, dict[str, Any]] = {}  # cell index -> its run, as they finish
     failed: list[dict[str, Any]] = []
     start = time.time()
 
@@ -148,21 +148,19 @@ def run_cells(cells: list[tuple[dict[str, Any], list[str]]], out: str, jobs: int
         for fut in as_completed(futures):
             i = futures[fut]
             labels = cells[i][0]
-            head = f"[{len(runs) + len(failed) + 1}/{len(cells)}] " + " / ".join(str(v) for v in labels.values())
+            head = f"[{len(done) + len(failed) + 1}/{len(cells)}] " + " / ".join(str(v) for v in labels.values())
             try:
-                r = {**labels, **fut.result(), "_index": i}
+                r = done[i] = {**labels, **fut.result()}
             except Exception as e:  # one failed cell must not lose the others: report it, go on
                 failed.append({**labels, "error": f"{type(e).__name__}: {e}"})
                 print(f"{head}: FAILED: {failed[-1]['error']}", flush=True)
                 continue
-            runs.append(r)
-            log.write(json.dumps({k: v for k, v in r.items() if k != "_index"}) + "\n")
+            log.write(json.dumps(r) + "\n")
             log.flush()
             if progress:
                 print(f"{head}: {r['before']:.2f} -> {r['after']:.2f} ({r['seconds']:.0f}s; "
                       f"{(time.time() - start) / 60:.1f} min so far)", flush=True)
-    runs.sort(key=lambda r: r.pop("_index"))
-    return runs, failed
+    return [done[i] for i in sorted(done)], failed
 
 
 # ---- the table's runs as config files ---------------------------------------------------------------------
