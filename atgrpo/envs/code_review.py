@@ -23,70 +23,36 @@ the hidden tests. Compact prompts add ``V:revise`` after a revision request; the
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-from .base import Messages, Reward
+from .base import Messages
 from .code import SHOW_CODE_CHARS, CodeEnv
-from .verdicts import read_verdict
+from .verdicts import JudgedTeam
 
 VERDICTS = {"approve": "approve", "revise": "revise"}
 REVIEW_PENALTY = 0.1
 
 
-class CodeReviewEnv(CodeEnv):
+class CodeReviewEnv(JudgedTeam, CodeEnv):
     """Code, three roles: coder + unit tester + reviewer (APPROVE ends the episode, REVISE sends it back)."""
 
     name = "code_review"
     team_roles = ("coder", "tester", "reviewer")
     single_agent_roles = ("coder",)
+    judge, answerer, verdicts = "reviewer", "coder", VERDICTS
+    accept, no_verdict, flip_to, verdict_penalty = "approve", "revise", "revise", REVIEW_PENALTY
 
     def _reset(self, seed: int) -> None:
         super()._reset(seed)
         self.problem_id = self.problem_id.replace("code/", "code_review/", 1)
-        self.verdict: str | None = None
-        self.reason = ""
 
-    @property
-    def success(self) -> bool:
-        if len(self.agents) == 1:
-            return super().success
-        return self.hidden_pass == 1.0 and self.done  # only the reviewer (or the turn limit) ends an episode
+    def _judgement(self) -> tuple[bool, float, dict[str, Any]]:
+        """The program passes every hidden test; team reward its hidden-test pass ratio."""
+        return self.hidden_pass == 1.0, self.hidden_pass, {"pass_ratio": self.hidden_pass}
 
-    def _ends_early(self) -> bool:
-        return self.verdict == "approve" if len(self.agents) > 1 else super()._ends_early()
-
-    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
-        if agent != "reviewer":
-            if agent == "coder":
-                self.verdict = None  # a new program awaits a new review
-            reward, info = super()._apply(agent, text)
-            self.agreed = False  # only the reviewer ends a three-role episode
-            return reward, info
-        verdict, reason = read_verdict(text, VERDICTS)
-        self.verdict, self.reason = verdict or "revise", reason
-        correct = self.hidden_pass == 1.0
-        right = verdict is not None and (verdict == "approve") == correct
-        local = (1.0 if right else 0.0) - (REVIEW_PENALTY if verdict is None else 0.0)
-        info = {"decision": verdict, "parse_error": verdict is None, "right_decision": right,
-                "pass_ratio": self.hidden_pass}
-        return Reward(team=self.hidden_pass, local=local), info
-
-    # ---- the expert -------------------------------------------------------------------------------------
-    def expert_action(self, agent: str) -> str:
-        """Reviewer: APPROVE a program that passes the hidden tests, else REVISE. Others: as in ``code``."""
-        if agent != "reviewer":
-            return super().expert_action(agent)
-        return self._verdict_text("approve" if self.hidden_pass == 1.0 else "revise")
-
-    def demo_action(self, agent: str, rng: random.Random, noise: float) -> str:
-        """The reviewer's demonstration flips the expert's decision with probability ``noise``."""
-        if agent != "reviewer":
-            return super().demo_action(agent, rng, noise)
-        verdict = "approve" if self.hidden_pass == 1.0 else "revise"
-        if rng.random() < noise:
-            verdict = "revise" if verdict == "approve" else "approve"
-        return self._verdict_text(verdict)
+    def _expert_verdict(self) -> str:
+        """Approve a program that passes the hidden tests, else ask for a revision."""
+        return "approve" if self.hidden_pass == 1.0 else "revise"
 
     def _verdict_text(self, verdict: str) -> str:
         if self.style == "compact":

@@ -23,12 +23,11 @@ copies a tool's output needs to have checked.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-from .base import Messages, Reward
+from .base import Messages
 from .math_env import FORMAT_PENALTY, MathEnv
-from .verdicts import read_verdict
+from .verdicts import JudgedTeam, read_verdict
 
 VERDICTS = {"accept": "accept", "reject": "reject", "reject tool": "reject-tool"}
 
@@ -38,68 +37,32 @@ def read_decision(text: str) -> tuple[str | None, str]:
     return read_verdict(text, VERDICTS)
 
 
-class MathVerifyEnv(MathEnv):
+class MathVerifyEnv(JudgedTeam, MathEnv):
     """Math, three roles: tool agent (Python) + reasoner (\\boxed{}) + verifier (ACCEPT / REJECT, sends back)."""
 
     name = "math_verify"
     team_roles = ("tool", "reasoner", "verifier")
     single_agent_roles = ("reasoner",)
+    judge, answerer, verdicts = "verifier", "reasoner", VERDICTS
+    accept, no_verdict, flip_to, verdict_penalty = "accept", "reject", "reject", FORMAT_PENALTY
 
     def _reset(self, seed: int) -> None:
         super()._reset(seed)
         self.problem_id = self.problem_id.replace("math/", "math_verify/", 1)
-        self.verdict: str | None = None  # the verifier's latest decision
-        self.reason = ""
-
-    @property
-    def success(self) -> bool:
-        if len(self.agents) == 1:
-            return super().success
-        final = self.last.get("reasoner")
-        return final is not None and final.correct and self.done
-
-    def _ends_early(self) -> bool:
-        return self.verdict == "accept" if len(self.agents) > 1 else super()._ends_early()
 
     def _next_agent(self, agent: str) -> str:
         if agent == "verifier":
             return "tool" if self.verdict == "reject-tool" else "reasoner"
         return super()._next_agent(agent)
 
-    def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
-        if agent != "verifier":
-            self.verdict = None if agent == "reasoner" else self.verdict  # a new answer awaits a new verdict
-            reward, info = super()._apply(agent, text)
-            self.agreed = False  # only the verifier ends a three-role episode
-            return reward, info
-        decision, reason = read_decision(text)
-        self.verdict, self.reason = decision or "reject", reason
+    def _judgement(self) -> tuple[bool, float, dict[str, Any]]:
+        """The reasoner's latest answer is correct; team reward 1 if so."""
         answer = self.last.get("reasoner")
         correct = answer is not None and answer.correct
-        right = (decision == "accept") == correct if decision else False
-        local = (1.0 if right else 0.0) - (FORMAT_PENALTY if decision is None else 0.0)
-        info = {"decision": decision, "parse_error": decision is None, "right_decision": right,
-                "correct": correct}
-        return Reward(team=1.0 if correct else 0.0, local=local), info
-
-    # ---- the expert -------------------------------------------------------------------------------------
-    def expert_action(self, agent: str) -> str:
-        """Verifier: ACCEPT a correct answer; else REJECT TOOL when the tool's answer is wrong too, REJECT
-        otherwise. Tool and reasoner: as in ``math``."""
-        if agent != "verifier":
-            return super().expert_action(agent)
-        return self._verdict_text(self._expert_verdict())
-
-    def demo_action(self, agent: str, rng: random.Random, noise: float) -> str:
-        """The verifier's demonstration flips the expert's accept / reject with probability ``noise``."""
-        if agent != "verifier":
-            return super().demo_action(agent, rng, noise)
-        verdict = self._expert_verdict()
-        if rng.random() < noise:
-            verdict = "reject" if verdict == "accept" else "accept"
-        return self._verdict_text(verdict)
+        return correct, 1.0 if correct else 0.0, {"correct": correct}
 
     def _expert_verdict(self) -> str:
+        """Accept a correct answer; else reject the tool when its answer is wrong too, the reasoner otherwise."""
         answer, tool = self.last.get("reasoner"), self.last.get("tool")
         if answer is not None and answer.correct:
             return "accept"
