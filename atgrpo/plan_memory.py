@@ -1,7 +1,7 @@
 """Memory planning: how many bytes each model of a run holds at its peak, term by term, from the config alone.
 
-Pure functions of a model's shape (``ModelShape``: read from a ``config.json``, from ``model.tiny.*`` or from
-the built-in table) and the run's settings (``RunSettings``); nothing is loaded or allocated. ``atgrpo
+Pure functions of a model's shape (``model_shapes.ModelShape``: read from a ``config.json``, from
+``model.tiny.*`` or from the built-in table) and the run's settings (``RunSettings``); nothing is loaded or allocated. ``atgrpo
 plan-memory`` (``cli.py``) prints the result. Every term counts what *this* code materialises, and its
 docstring says why; the planner was checked against measured peaks on the CPU (docs/models.md, "Memory
 planning").
@@ -17,91 +17,22 @@ update sets the gradients to None when it ends (``trainer/update.py``), while we
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass, replace
+
+from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, read_hf_config,
+                           shape_from_hf_config, tiny_shape)
+
+# the shapes' part of the planner (``model_shapes``) is re-exported: ``plan_memory`` is the one entry point
+__all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "MicroBatch", "ModelPlan", "ModelShape", "RUNTIME_GB",
+           "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes", "fit_gpus", "format_plan",
+           "kv_cache_bytes", "layer_activation_elements", "logits_bytes", "lora_params", "micro_batch",
+           "num_params", "plan", "read_hf_config", "response_attention_bytes", "runtime_bytes", "sampling_bytes",
+           "settings_from_config", "shape_from_hf_config", "tiny_shape"]
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA "all-linear"
 RUNTIME_GB = {"cpu": 0.0, "cuda": 1.0}  # see ``runtime_bytes``
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The shape of a Llama-style decoder (Llama, Qwen2, Qwen3, SmolLM2, atgrpo's tiny model)."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool  # the LM head is the embedding matrix (no parameters of its own)
-    qk_norm: bool = False  # Qwen3: an RMSNorm of head_dim on each query and key head
-    cascade: bool = True  # rollout and update use cascade attention (llama / qwen2 / qwen3, full attention)
-    name: str = ""
-
-
-BUILTIN_SHAPES = {  # as in the models' config.json (Qwen/Qwen3-1.7B, Qwen/Qwen3-8B)
-    "qwen3-1.7b": ModelShape(2048, 28, 16, 8, 128, 6144, 151936, tied=True, qk_norm=True, name="Qwen3-1.7B"),
-    "qwen3-8b": ModelShape(4096, 36, 32, 8, 128, 12288, 151936, tied=False, qk_norm=True, name="Qwen3-8B"),
-}
-
-
-def shape_from_hf_config(cfg: dict, name: str = "") -> ModelShape:
-    """A ``ModelShape`` from the dict of a Hugging Face ``config.json`` (head_dim defaults to hidden / heads,
-    kv heads to heads, as transformers does)."""
-    heads = cfg["num_attention_heads"]
-    layer_types = cfg.get("layer_types") or []
-    cascade = (cfg.get("model_type") in ("llama", "qwen2", "qwen3") and not cfg.get("use_sliding_window", False)
-               and all(t == "full_attention" for t in layer_types))  # as policies/cascade.supports
-    return ModelShape(hidden=cfg["hidden_size"], layers=cfg["num_hidden_layers"], heads=heads,
-                      kv_heads=cfg.get("num_key_value_heads") or heads,
-                      head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-                      intermediate=cfg["intermediate_size"], vocab=cfg["vocab_size"],
-                      tied=bool(cfg.get("tie_word_embeddings", True)), qk_norm=cfg.get("model_type") == "qwen3",
-                      cascade=cascade, name=name or cfg.get("_name_or_path") or cfg.get("model_type", ""))
-
-
-def read_hf_config(path: str) -> ModelShape:
-    """The shape in a ``config.json`` file, or in the ``config.json`` of a model directory."""
-    f = os.path.join(path, "config.json") if os.path.isdir(path) else path
-    with open(f, encoding="utf-8") as fh:
-        return shape_from_hf_config(json.load(fh), name=os.path.basename(os.path.dirname(os.path.abspath(f))))
-
-
-def tiny_shape(hidden: int, layers: int, heads: int, intermediate: int, vocab: int) -> ModelShape:
-    """The built-in tiny Llama (``policies/tiny.py``): full multi-head attention, tied embeddings."""
-    return ModelShape(hidden, layers, heads, heads, hidden // heads, intermediate, vocab, tied=True, name="tiny")
-
-
-# ---- parameters ---------------------------------------------------------------------------------------------
-def linear_shapes(s: ModelShape) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear layer of one decoder layer (no biases: Llama / Qwen3 have none)."""
-    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    return {"q_proj": (s.hidden, q), "k_proj": (s.hidden, kv), "v_proj": (s.hidden, kv), "o_proj": (q, s.hidden),
-            "gate_proj": (s.hidden, s.intermediate), "up_proj": (s.hidden, s.intermediate),
-            "down_proj": (s.intermediate, s.hidden)}
-
-
-def num_params(s: ModelShape) -> int:
-    """All parameters: embedding, per layer the seven linears and two RMSNorms (Qwen3: two more of head_dim),
-    the final norm, and the LM head unless tied."""
-    per_layer = sum(i * o for i, o in linear_shapes(s).values()) + 2 * s.hidden + (2 * s.head_dim if s.qk_norm else 0)
-    return s.vocab * s.hidden * (1 if s.tied else 2) + s.layers * per_layer + s.hidden
-
-
-def lora_params(s: ModelShape, rank: int, target_modules="all-linear") -> int:
-    """Parameters of one LoRA adapter: ``rank * (in + out)`` per targeted linear per layer. ``all-linear`` is
-    every linear of the decoder layers (peft leaves the LM head out); a list names modules (``q_proj``...)."""
-    targets = LINEARS if target_modules == "all-linear" else tuple(target_modules)
-    unknown = [t for t in targets if t not in LINEARS]
-    if unknown:
-        raise ValueError(f"policy.lora.target_modules: cannot plan for {unknown}; known: {', '.join(LINEARS)}")
-    return s.layers * sum(rank * (i + o) for name, (i, o) in linear_shapes(s).items() if name in targets)
 
 
 # ---- the run's settings -------------------------------------------------------------------------------------
