@@ -17,47 +17,22 @@ ray = pytest.importorskip("ray")
 
 from atgrpo.config import ConfigError, load_config  # noqa: E402
 from atgrpo.rollout.records import Sample  # noqa: E402
-from atgrpo.trainer.ray.driver import RayBackend  # noqa: E402
 from atgrpo.trainer.run import train  # noqa: E402
 from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 from atgrpo.trainer.update import plan_minibatches, shard_minibatch, split_minibatches  # noqa: E402
 
 from conftest import FAST  # noqa: E402
+from ray_helpers import RAY, compare_metrics, module_backend  # noqa: E402
 
 # the wrapper env below must reach the workers by value (they cannot import this test module)
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-# 2 CPUs hold the module's backend (8 actors) and the run's (3 actors) at 1/8 CPU each
-RAY = ["warmstart.enabled=false", "system.backend=ray", "system.ray.cpus_per_worker=0.125",
-       "system.ray.cpus_per_env_worker=0.125"]
+# the module's backend (8 actors) and the run's (3 actors) at 1/8 CPU each
 L3_DP = FAST + RAY + ["policy.sharing=L3", "system.ray.num_update_workers=2", "system.ray.num_env_workers=2"]
-# Losses, KL and grad norms: data-parallel ranks sum gradients in another order than one process does. The loss is
-# a sum of terms of both signs (advantages are zero-mean per group), so the tolerance is relative or absolute.
-REL, ABS = 1e-4, 1e-6
-CLOSE = ("loss", "pg", "clipfrac", "approx_kl", "grad_norm")
-
-
 @pytest.fixture(scope="module")
 def backend():
-    assert not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    be = RayBackend(load_config(None, L3_DP))
-    yield be
-    be.close()
-    ray.shutdown()
-
-
-def _compare(local: dict, remote: dict) -> None:
-    assert set(local) <= set(remote)
-    for k, a in local.items():
-        if k.startswith(("time/", "perf/")):
-            continue
-        b = remote[k]
-        if k.split("/")[-1] in CLOSE or k.startswith("adv/"):
-            assert abs(a - b) <= ABS + REL * abs(a), (k, a, b)
-        else:
-            assert a == b, (k, a, b)  # rewards, success, groups, sample counts: exact
+    yield from module_backend(L3_DP)
 
 
 def _pair(backend, overrides):
@@ -74,7 +49,7 @@ def test_two_steps_match_the_local_backend(backend):
     for step in (1, 2):
         rl, rr = train_step(local, step), train_step(remote, step)
         ml, sl, mr, sr = rl.metrics(), rl.samples, rr.metrics(), rr.samples
-        _compare(ml, mr)
+        compare_metrics(ml, mr)
         assert [(s.problem, s.turn, s.agent, s.branch, s.response) for s in sl] == \
                [(s.problem, s.turn, s.agent, s.branch, s.response) for s in sr]
         assert mr["ray/dropped_samples"] == 0 and mr["ray/env_retries"] == 0
@@ -126,10 +101,10 @@ def test_dead_environment_worker_is_replaced_and_its_work_retried(backend, tmp_p
     assert not os.path.exists(flag), "no environment worker stepped the wrapped env"
     assert mr["ray/env_worker_restarts"] == 1 and mr["ray/env_retries"] == 1
     assert mr["ray/dropped_samples"] == 0
-    _compare(ml, mr)
+    compare_metrics(ml, mr)
     ml = train_step(local, 2).metrics()  # the replacement worker serves the next step
     mr = train_step(remote, 2).metrics()
-    _compare(ml, mr)
+    compare_metrics(ml, mr)
     assert mr["ray/env_worker_restarts"] == 0
 
 

@@ -10,28 +10,20 @@ import torch
 ray = pytest.importorskip("ray")
 
 from atgrpo.config import ConfigError, load_config  # noqa: E402
-from atgrpo.trainer.ray.driver import RayBackend  # noqa: E402
 from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 
 from conftest import FAST  # noqa: E402
+from ray_helpers import RAY, compare_metrics, module_backend  # noqa: E402
 
 # two per-role policies (L3), each sharded over two update workers: 2 x (1 + 2) + 2 actors at 1/8 CPU each
-FSDP = FAST + ["warmstart.enabled=false", "system.backend=ray", "system.ray.cpus_per_worker=0.125",
-               "system.ray.cpus_per_env_worker=0.125", "policy.sharing=L3", "system.ray.num_update_workers=2",
-               "system.ray.num_env_workers=2", "system.ray.update_sharding=fsdp"]
-REL, ABS = 1e-4, 1e-6  # as tests/test_ray_backend.py: summation order differs from one process
-CLOSE = ("loss", "pg", "clipfrac", "approx_kl", "grad_norm")
+FSDP = FAST + RAY + ["policy.sharing=L3", "system.ray.num_update_workers=2", "system.ray.num_env_workers=2",
+                     "system.ray.update_sharding=fsdp"]
 
 
 @pytest.fixture(scope="module")
 def backend():
-    assert not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    be = RayBackend(load_config(None, FSDP))
-    yield be
-    be.close()
-    ray.shutdown()
+    yield from module_backend(FSDP)
 
 
 def test_two_sharded_steps_match_the_local_backend(backend):
@@ -40,13 +32,7 @@ def test_two_sharded_steps_match_the_local_backend(backend):
     remote.backend = backend
     for step in (1, 2):
         ml, mr = train_step(local, step).metrics(), train_step(remote, step).metrics()
-        for k, a in ml.items():
-            if k.startswith(("time/", "perf/")):
-                continue
-            if k.split("/")[-1] in CLOSE or k.startswith("adv/"):
-                assert abs(a - mr[k]) <= ABS + REL * abs(a), (k, a, mr[k])
-            else:
-                assert a == mr[k], (k, a, mr[k])
+        compare_metrics(ml, mr)
         assert mr["ray/dropped_samples"] == 0
         assert all(ml[f"update/{pid}/optimizer_steps"] > 0 for pid in local.policies)
     for pid, pool in backend.pools.items():  # the workers did hold shards (DTensor parameters), not replicas
