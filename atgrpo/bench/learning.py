@@ -49,7 +49,8 @@ TASKS: dict[str, list[str]] = {
              # 0.65 (60 problems, L1); at 400 x 4 (0.05) sampled answers were unreadable and RL made it worse
              "warmstart.episodes=1000", "warmstart.epochs=5"],
 }
-# Each task's RL recipe and budget, over the common ones below: the same for every row of the task.
+# Each task's RL recipe and budget, over the common ones below: the same for every row of the task. Kept apart
+# from TASKS because `atgrpo bench teams` reuses TASKS['math'] with its own recipe.
 TASK_RECIPE: dict[str, list[str]] = {
     # the tiny math team's digit copying breaks under larger updates or hotter samples: held-out success 0.40 ->
     # 0.23 in 10 steps at lr 2e-4 (T 0.7), 0.37 at 1e-4, 0.43 at 5e-5; at T 1.0 (lr 5e-5) the rollouts' success
