@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -169,3 +171,16 @@ def test_teams_bench_quick_writes_the_table(tmp_path):
     assert not result["failed"] and len(result["runs"]) == len(TEAMS) * len(SHARING)
     assert all(set(cells) == set(SHARING) for cells in result["table"].values())
     assert "three roles" in (tmp_path / "results.md").read_text()
+
+
+def test_constant_answer_baseline_scores_fixed_answers():
+    """benchmarks/constant_answer.py: the solver's answer to held-out problem 0, given at every turn, solves
+    problem 0; an answer with no move solves nothing."""
+    from atgrpo.envs.sokoban import SokobanEnv
+
+    env = SokobanEnv(size=5, max_turns=3, split="eval")
+    env.reset(0)
+    solution = env.expert_action("plan")
+    r = subprocess.run([sys.executable, "benchmarks/constant_answer.py", "sokoban", "size=5", "max_turns=3",
+                        "--problems", "1", "--answers", solution, "XX"], capture_output=True, text=True, check=True)
+    assert r.stdout.splitlines() == [f"{solution}: 1.00", "XX: 0.00"]
