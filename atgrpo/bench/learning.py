@@ -59,6 +59,9 @@ TASK_RECIPE: dict[str, list[str]] = {
     # 0.23 in 10 steps at lr 2e-4 (T 0.7), 0.37 at 1e-4, 0.43 at 5e-5; at T 1.0 (lr 5e-5) the rollouts' success
     # fell 0.31 -> 0.19 in 8 steps (seed 0, 60 held-out problems; docs/results.md)
     "math": ["algo.lr=5e-5", "rollout.temperature=0.7"],
+    # Sudoku's teams lost the copying of the givens at lr 2e-4 and T 1.0 (L1 17.3 -> 11.3 %, one seed to 0: grids of
+    # 3s, rejected whole); at math's lr and temperature L1 seeds 0-2 ended at 0.27 / 0.24 / 0.10 (docs/results.md)
+    "sudoku": ["algo.lr=5e-5", "rollout.temperature=0.7"],
 }
 # default size, over its 30 steps: Plan-Path's L1 run rises until step 40 and then stays (held-out 0.09, 0.10, 0.38,
 # 0.46, 0.56, 0.56, 0.58 every 10 steps to 60, seed 0); Sokoban's stops by step 30. A math run's warm start alone
