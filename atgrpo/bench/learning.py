@@ -37,8 +37,8 @@ ROW_ORDER = ["single agent", "single agent + GRPO", "MAS (no RL)", "MAS + AT-GRP
 TASKS: dict[str, list[str]] = {
     "plan_path": ["env.name=plan_path", "env.kwargs.size=5", "env.kwargs.wall_prob=0.2", "env.kwargs.max_turns=3"],
     # Sokoban 5x5 (3x3 interior): one fixed 12-move answer solves ~40% of the held-out rooms and RL finds such
-    # answers, so this column cannot separate the methods; at 6x6 (0.06-0.16) the tiny policies do not learn in
-    # 30 steps (benchmarks/constant_answer.py; docs/results.md)
+    # answers, so this column cannot separate the methods; at 6x6 (fixed answers 0.05-0.23) the tiny policies do
+    # not learn (benchmarks/constant_answer.py; docs/results.md)
     "sokoban": ["env.name=sokoban", "env.kwargs.size=5", "env.kwargs.max_turns=3", "warmstart.batch_size=16",
                 "warmstart.epochs=6"],
     "sudoku": ["env.name=sudoku", "env.kwargs.size=4", "env.kwargs.holes=4", "env.kwargs.max_turns=3",
@@ -54,14 +54,16 @@ TASKS: dict[str, list[str]] = {
 }
 # Each task's RL recipe and budget, over the common ones below: the same for every row of the task. Kept apart
 # from TASKS because `atgrpo bench teams` reuses TASKS['math'] with its own recipe.
+# small updates and cooler samples, for the tasks whose tiny policies must copy from the prompt (digits, givens)
+GENTLE = ["algo.lr=5e-5", "rollout.temperature=0.7"]
 TASK_RECIPE: dict[str, list[str]] = {
     # the tiny math team's digit copying breaks under larger updates or hotter samples: held-out success 0.40 ->
     # 0.23 in 10 steps at lr 2e-4 (T 0.7), 0.37 at 1e-4, 0.43 at 5e-5; at T 1.0 (lr 5e-5) the rollouts' success
     # fell 0.31 -> 0.19 in 8 steps (seed 0, 60 held-out problems; docs/results.md)
-    "math": ["algo.lr=5e-5", "rollout.temperature=0.7"],
+    "math": GENTLE,
     # Sudoku's teams lost the copying of the givens at lr 2e-4 and T 1.0 (L1 17.3 -> 11.3 %, one seed to 0: grids of
     # 3s, rejected whole); at math's lr and temperature L1 seeds 0-2 ended at 0.27 / 0.24 / 0.10 (docs/results.md)
-    "sudoku": ["algo.lr=5e-5", "rollout.temperature=0.7"],
+    "sudoku": GENTLE,
 }
 # default size, over its 30 steps: Plan-Path's L1 run rises until step 40 and then stays (held-out 0.09, 0.10, 0.38,
 # 0.46, 0.56, 0.56, 0.58 every 10 steps to 60, seed 0); Sokoban's stops by step 30. A math run's warm start alone
