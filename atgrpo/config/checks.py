@@ -22,6 +22,7 @@ def validate(cfg: Config, training: bool = True) -> None:
     _choice("env.style", cfg.env.style, PROMPT_STYLES)
     check_fields(cfg)
     _validate_model(cfg)
+    _validate_precision(cfg)
     _validate_tiny(cfg)
     _validate_device(cfg.model.device)
     if cfg.policy.sharing == "L2":
@@ -39,6 +40,16 @@ def validate(cfg: Config, training: bool = True) -> None:
         validate_ray_fit(cfg.system.ray, n_policies)
     if cfg.rollout.engine == "vllm":
         _validate_vllm(cfg)
+
+
+def _validate_precision(cfg: Config) -> None:
+    """``model.precision`` against ``model.dtype`` and ``model.autocast``: one meaning, no contradiction."""
+    m = cfg.model
+    if m.dtype != "float32" and m.precision not in ("auto", m.dtype):
+        raise ConfigError(f"model.precision={m.precision} needs float32 master weights, but model.dtype={m.dtype}; "
+                          f"set model.dtype=float32 or drop model.precision")
+    if m.precision == "float32" and m.autocast != "none":
+        raise ConfigError(f"model.precision=float32 contradicts model.autocast={m.autocast}; drop one of them")
 
 
 def _choice(key: str, value: Any, choices) -> None:

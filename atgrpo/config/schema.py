@@ -69,8 +69,13 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute each layer's activations in the backward pass (less memory)
     tiny: TinyConfig = field(default_factory=TinyConfig)
     dtype: DType = "float32"  # float32 on CPU; bfloat16 on GPU
-    # bfloat16: forward/backward under torch.autocast on the weights of `dtype` (float32 master weights and AdamW
-    # states with dtype=float32); the LM head stays in the weights' dtype. docs/models.md, "Precision and memory"
+    # auto | float32 | bfloat16 (float32 master weights): bfloat16 runs the update and the warm start under
+    # torch.autocast and samples rollouts from a bfloat16 copy of each policy; auto picks bfloat16 for hf models on
+    # CPUs with native bfloat16 units (AMX, AVX512-BF16), float32 elsewhere. Resolved at start-up and recorded in
+    # config.yaml. docs/models.md, "Precision and memory"
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
+    # bfloat16: forward/backward under torch.autocast on the weights of `dtype`, without a rollout copy (the
+    # lower-level switch; model.precision=bfloat16 sets it); the LM head stays in the weights' dtype
     autocast: Literal["none", "bfloat16"] = "none"
     device: str = "cpu"
     max_prompt_tokens: int = at_least(1024, 1)

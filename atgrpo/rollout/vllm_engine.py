@@ -11,7 +11,7 @@ trainer's; the trainer talks to it over a Unix socket and hands weights over as 
 - ``EnginePolicy``: what the tree sampler needs of a policy (``policy_id``, ``render``, ``encode``,
   ``generate``), sampling on an engine. The log-probs it returns for the loss are the **trainer's**, recomputed
   with the trainer's model on the sampled tokens (the engine's are compared with them, not trusted):
-  ``LogprobGap`` keeps mean and max ``|engine - trainer|`` per policy (``rollout/logprob_gap/...``).
+  ``LogprobGap`` (``logprob_gap.py``) keeps mean and max ``|engine - trainer|`` per policy.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 from typing import Any, Sequence
 
@@ -32,6 +31,7 @@ import torch
 
 from ..policies.causal_lm import Completion
 from ..policies.protocol import TrainablePolicy
+from .logprob_gap import LogprobGap, trainer_logprobs
 
 PYTHON_ENV = "ATGRPO_VLLM_PYTHON"  # the Python that runs the engine, when rollout.vllm.python is not set
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_server.py")
@@ -226,29 +226,6 @@ def lora_rank_limit(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank ({LORA_RANKS[-1]})")
 
 
-@dataclass
-class LogprobGap:
-    """``|engine log-prob - trainer log-prob|`` over sampled tokens, per policy, since the last ``pop``."""
-
-    total: dict[str, float] = field(default_factory=dict)
-    count: dict[str, int] = field(default_factory=dict)
-    worst: dict[str, float] = field(default_factory=dict)
-
-    def add(self, pid: str, diffs: torch.Tensor) -> None:
-        if diffs.numel():
-            self.total[pid] = self.total.get(pid, 0.0) + float(diffs.sum())
-            self.count[pid] = self.count.get(pid, 0) + diffs.numel()
-            self.worst[pid] = max(self.worst.get(pid, 0.0), float(diffs.max()))
-
-    def pop(self) -> dict[str, float]:
-        out = {}
-        for pid in self.count:
-            out[f"rollout/logprob_gap/{pid}/mean"] = self.total[pid] / self.count[pid]
-            out[f"rollout/logprob_gap/{pid}/max"] = self.worst[pid]
-        self.total, self.count, self.worst = {}, {}, {}
-        return out
-
-
 class EnginePolicy:
     """A policy's rollout view (a ``policies.protocol.Policy``): renders and encodes as ``policy``, samples on
     ``engine`` (with ``adapter``, a ``(name, id, path)`` triple, for per-role LoRA), and returns the trainer's
@@ -286,25 +263,6 @@ class EnginePolicy:
                  for row in rows]
         if temperature > 0:
             t = time.perf_counter()
-            self._trainer_logprobs(prompt_ids, comps, temperature)
+            trainer_logprobs(self.policy, prompt_ids, comps, temperature, self.gap, self.token_budget)
             self.recompute_s += time.perf_counter() - t
         return comps
-
-    @torch.no_grad()
-    def _trainer_logprobs(self, prompt_ids, comps: list[list[Completion]], temperature: float) -> None:
-        """Replace each completion's log-probs by the trainer's; the engine's only feed ``LogprobGap``."""
-        from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
-
-        flat = [(p, c) for p, row in zip(prompt_ids, comps) for c in row if c.ids]
-        was_training = self.policy.model.training
-        self.policy.model.eval()
-        try:
-            for chunk in plan_chunks([p for p, _ in flat], [c.ids for _, c in flat], self.token_budget):
-                ps, cs = [flat[i][0] for i in chunk], [flat[i][1] for i in chunk]
-                logp, _ = shared_prefix_logprobs(self.policy, ps, [c.ids for c in cs], temperature)
-                for row, c in zip(logp.float().cpu(), cs):
-                    mine = row[:len(c.ids)]
-                    self.gap.add(self.policy_id, (mine - torch.tensor(c.logprobs)).abs())
-                    c.logprobs = mine.tolist()
-        finally:
-            self.policy.model.train(was_training)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
+import torch
+
+from ..policies.rollout_copy import RolloutCopies
 from ..rollout.records import Sample
 from ..rollout.tree import step_clones
 from .update import update_policy
@@ -30,6 +33,10 @@ class Backend(Protocol):
     def rollout_policies(self, state: TrainState) -> dict[str, Policy]:
         """The policies the rollout samples from, by policy id, with the current weights of ``state.policies``
         (the same objects, or views of them that sample elsewhere)."""
+        ...
+
+    def eval_policies(self, state: TrainState) -> dict[str, Policy]:
+        """The policies held-out evaluation samples from (greedy), by policy id, with the current weights."""
         ...
 
     def step_envs(self, envs: Sequence[MultiAgentEnv], texts: Sequence[Sequence[str]]
@@ -58,22 +65,45 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """Everything in this process: the policies generate and train here, the environments step here."""
+    """Everything in this process: the policies generate and train here, the environments step here.
+
+    With ``rollout_dtype`` (``model.precision: bfloat16`` on float32 weights) the rollout and the evaluation
+    sample from copies of the policies in that dtype (``policies/rollout_copy.py``), made at first use (after the
+    warm start or the resume) and refreshed after every update."""
+
+    rollout_dtype: torch.dtype | None = None
+    copies: RolloutCopies | None = None
+
+    def __init__(self, rollout_dtype: torch.dtype | None = None, token_budget: int = 16384):
+        self.rollout_dtype, self.token_budget = rollout_dtype, token_budget
+
+    def _views(self, state: TrainState) -> dict[str, Policy]:
+        if self.rollout_dtype is None:
+            return state.policies
+        if self.copies is None:
+            self.copies = RolloutCopies(state.policies, self.rollout_dtype, self.token_budget)
+        return self.copies.views
 
     def rollout_policies(self, state: TrainState) -> dict[str, Policy]:
-        return state.policies
+        return self._views(state)
+
+    def eval_policies(self, state: TrainState) -> dict[str, Policy]:
+        return self._views(state)
 
     def step_envs(self, envs, texts):
         return step_clones(envs, texts)
 
     def update(self, state: TrainState, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
         cfg = state.cfg
-        return {pid: update_policy(state.policies[pid], state.optimizers[pid], batch, cfg.algo,
-                                   cfg.rollout.temperature, state.generator, state.references.get(pid))
-                for pid, batch in batches.items()}
+        out = {pid: update_policy(state.policies[pid], state.optimizers[pid], batch, cfg.algo,
+                                  cfg.rollout.temperature, state.generator, state.references.get(pid))
+               for pid, batch in batches.items()}
+        if self.copies is not None:  # on-policy: the next rollout samples from the new weights
+            self.copies.refresh([pid for pid, batch in batches.items() if batch])
+        return out
 
     def step_metrics(self) -> dict[str, float]:
-        return {}
+        return self.copies.pop_metrics() if self.copies is not None else {}
 
     def pull_state(self, state: TrainState) -> None:  # before a checkpoint: the state is already here
         pass

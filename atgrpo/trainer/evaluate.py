@@ -49,7 +49,8 @@ def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, 
 def run_eval(state: TrainState, seed: int) -> tuple[dict[str, float], list]:
     """Held-out metrics and episodes of the state's policies (``eval.problems`` problems, ``eval_sampling``)."""
     cfg = state.cfg
-    return evaluate(state.make_env, state.policies, state.agent_to_policy, cfg.eval.problems, eval_sampling(cfg), seed)
+    return evaluate(state.make_env, state.backend.eval_policies(state), state.agent_to_policy, cfg.eval.problems,
+                    eval_sampling(cfg), seed)
 
 
 def load_policies(state: TrainState, path: str) -> None:

@@ -160,6 +160,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
     cfg = _set_threads(cfg, say)
+    cfg = _set_precision(cfg, say)
     opened = _open(cfg, run_dir, resume, started, say, progress)
     if isinstance(opened, dict):  # the run had already finished
         return opened
@@ -190,6 +191,21 @@ def _set_threads(cfg: Config, say: Callable[..., None]) -> Config:
         cfg = copy.deepcopy(cfg)
         cfg.train.threads = threads
     say(f"atgrpo: threads={threads} ({why}; set train.threads=N to choose)")
+    return cfg
+
+
+def _set_precision(cfg: Config, say: Callable[..., None]) -> Config:
+    """The run's compute precision (``model.precision``): ``auto`` is resolved for this machine and recorded in
+    the returned config (config.yaml), so a resumed run keeps it even on another machine."""
+    from ..policies.precision import resolve_precision
+
+    precision, why = resolve_precision(cfg.model, cfg.system.backend)
+    if cfg.model.precision == "auto" and cfg.model.dtype == "float32":
+        cfg = copy.deepcopy(cfg)
+        cfg.model.precision = precision
+    if cfg.model.kind == "hf" or precision != "float32":
+        other = "float32" if precision == "bfloat16" else "bfloat16"
+        say(f"atgrpo: precision={precision} ({why}; model.precision={other} to change)")
     return cfg
 
 

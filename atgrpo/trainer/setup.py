@@ -18,7 +18,7 @@ from ..config import Config, ConfigError
 from ..envs import MultiAgentEnv, make
 from ..policies import ByteTokenizer, CausalLMPolicy, build_tiny_model
 from ..policies.cascade import enable_checkpointing
-from ..policies.precision import apply_autocast
+from ..policies.precision import apply_autocast, autocast_of
 from ..rollout.sampling import Sampling
 
 
@@ -68,7 +68,8 @@ def build_policy(cfg: Config, pid: str, policy_ids: list[str]) -> CausalLMPolicy
 
 def _base_model(cfg: Config, n: int):
     """(model, tokenizer): the tiny model (seeded per policy index ``n``) or the configured HF model, on its
-    device, with gradient checkpointing and autocast as configured."""
+    device, with gradient checkpointing as configured and under bfloat16 autocast when the run's precision is
+    bfloat16 on float32 weights (``precision.autocast_of``)."""
     if cfg.model.kind == "tiny":
         model = build_tiny_model(cfg.model.tiny, seed=cfg.seed * 1000 + n)
         model, tok = model.to(getattr(torch, cfg.model.dtype)), ByteTokenizer()
@@ -81,7 +82,7 @@ def _base_model(cfg: Config, n: int):
             raise ConfigError(str(e)) from None
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(model)
-    return apply_autocast(model.to(cfg.model.device), cfg.model.autocast), tok
+    return apply_autocast(model.to(cfg.model.device), autocast_of(cfg.model, cfg.system.backend)), tok
 
 
 def _policy(cfg: Config, pid: str, model, tok) -> CausalLMPolicy:

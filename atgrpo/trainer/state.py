@@ -47,7 +47,17 @@ def build_state(cfg: Config) -> TrainState:
     agent_to_policy = route_agents(cfg, agents)
     policies = build_policies(cfg, sorted(set(agent_to_policy.values())))
     optimizers = {pid: make_optimizer(p, cfg.algo) for pid, p in policies.items()}
-    return TrainState(cfg, make_env, agent_to_policy, policies, optimizers, torch.Generator().manual_seed(cfg.seed))
+    return TrainState(cfg, make_env, agent_to_policy, policies, optimizers, torch.Generator().manual_seed(cfg.seed),
+                      backend=local_backend(cfg))
+
+
+def local_backend(cfg: Config) -> LocalBackend:
+    """The in-process backend; with bfloat16 precision on float32 weights it samples from bfloat16 copies."""
+    from ..policies.precision import resolve_precision
+
+    copy = (cfg.model.dtype == "float32" and cfg.rollout.engine == "native"
+            and resolve_precision(cfg.model, cfg.system.backend)[0] == "bfloat16")
+    return LocalBackend(torch.bfloat16 if copy else None, cfg.algo.update_token_budget)
 
 
 def check_model_path(cfg: Config) -> None:

@@ -17,8 +17,10 @@ import time
 from typing import TYPE_CHECKING
 
 from ..config import Config, max_new_tokens_any
+from ..policies.precision import resolve_precision
 from ..rollout.records import Sample
-from ..rollout.vllm_engine import EnginePolicy, LogprobGap, VLLMEngine, lora_rank_limit, shm_dir
+from ..rollout.logprob_gap import LogprobGap
+from ..rollout.vllm_engine import EnginePolicy, VLLMEngine, lora_rank_limit, shm_dir
 from .backend import LocalBackend
 from .state import TrainState
 
@@ -36,7 +38,9 @@ class VLLMBackend(LocalBackend):
         model_dir = resolve_model_dir(cfg.model)
         v = cfg.rollout.vllm
         max_len = v.max_model_len or cfg.model.max_prompt_tokens + max_new_tokens_any(cfg)  # longest role's
-        kw = dict(vcfg=v, dtype=cfg.model.dtype, seed=cfg.seed, max_model_len=max_len)
+        # the engine computes in the run's precision (bfloat16 weights when model.precision resolves to bfloat16)
+        dtype = resolve_precision(cfg.model, cfg.system.backend)[0]
+        kw = dict(vcfg=v, dtype=dtype, seed=cfg.seed, max_model_len=max_len)
         pids = sorted(state.policies)
         self.lora = cfg.policy.sharing == "L2"
         self.engines: dict[str, VLLMEngine] = {}

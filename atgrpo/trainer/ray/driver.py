@@ -210,6 +210,9 @@ class RayBackend:
             ray.shutdown()
 
     # ---- the train step's three calls ---------------------------------------------------------------------
+    def eval_policies(self, state) -> dict:  # evaluation runs on the driver's copies
+        return state.policies
+
     def rollout_policies(self, state) -> dict:
         """The driver's policies with ``generate`` on their rollout workers (``workers.RemotePolicy``)."""
         from .workers import RemotePolicy

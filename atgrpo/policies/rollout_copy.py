@@ -1,0 +1,126 @@
+"""Rollouts from a bfloat16 copy of each policy (``model.precision: bfloat16``), as an inference engine holds its
+own copy of the weights.
+
+The trainer keeps float32 master weights (and AdamW states) and runs its forward and backward under bfloat16
+autocast (``precision.py``). Autocast casts every weight again at every forward, which for decoding (one forward
+per new token) costs more than it saves. So sampling runs on a separate copy whose parameters are bfloat16
+tensors: made once (``RolloutCopies``), refreshed in place after every update (``refresh``: only the
+parameters that train, so for per-role LoRA (L2) only the role's adapter; a frozen base is cast once), never
+re-cast while decoding. The tree sampler, the KV cache and cascade attention run on it unchanged. Buffers (the
+rotary frequencies) stay float32: cast to bfloat16 they would put the angles of long positions off by radians.
+
+The loss must not see the copy's log-probs: the update's importance ratio is computed against the trainer's
+model, so every sampled response is scored again by the trainer (``rollout.logprob_gap.trainer_logprobs``,
+shared-prefix, one forward per prompt group) and the copy's log-probs only feed ``rollout/logprob_gap/<policy>``.
+Greedy decoding (evaluation) needs no log-probs and so no rescoring.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Sequence
+
+import torch
+
+from ..rollout.logprob_gap import LogprobGap, trainer_logprobs
+from .causal_lm import Completion
+from .protocol import TrainablePolicy
+
+
+def _root(model: torch.nn.Module) -> torch.nn.Module:
+    """The module that owns the weights: per-role LoRA's ``AdapterView`` holds the shared peft model."""
+    return model.__dict__.get("peft", model)
+
+
+def _strip_autocast(root: torch.nn.Module) -> None:
+    """Undo ``precision.apply_autocast`` on a copy (on whichever of its modules it was applied: the model, its LM
+    head; under peft the wrapped base model): the copy's weights are bfloat16 already, so every module runs as
+    its class defines it, with no per-forward casts."""
+    for m in root.modules():
+        if "atgrpo_autocast" in m.__dict__ or "atgrpo_device_type" in m.__dict__:
+            for attr in ("forward", "atgrpo_autocast", "atgrpo_device_type"):
+                m.__dict__.pop(attr, None)
+
+
+class CopyPolicy:
+    """A policy's rollout view (a ``protocol.Policy``): samples with ``sampler`` (the trainer policy's class on the
+    bfloat16 copy), and returns the trainer's log-probs of what it sampled (``policy``: the trainer's)."""
+
+    def __init__(self, policy: TrainablePolicy, sampler: TrainablePolicy, gap: LogprobGap, token_budget: int):
+        self.policy, self.sampler, self.gap, self.token_budget = policy, sampler, gap, token_budget
+        self.policy_id = policy.policy_id
+        self.recompute_s = 0.0
+
+    def __getattr__(self, name: str):  # tokenizer, eos_id ...: the trainer's policy
+        return getattr(self.__dict__["policy"], name)
+
+    def render(self, prompt) -> str:
+        return self.policy.render(prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.policy.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.policy.decode(ids)
+
+    def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
+                 generator: torch.Generator | None = None) -> list[list[Completion]]:
+        comps = self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator)
+        if temperature > 0 and comps:
+            t = time.perf_counter()
+            trainer_logprobs(self.policy, prompt_ids, comps, temperature, self.gap, self.token_budget)
+            self.recompute_s += time.perf_counter() - t
+        return comps
+
+
+class RolloutCopies:
+    """The bfloat16 copies of ``policies`` (policy id -> trainer policy) and their rollout views (``views``).
+
+    Policies that share one module (L2's adapters on one peft model) share one copy: all of them are deep-copied
+    with one memo, so the copy keeps the sharing. ``refresh(pids)`` brings the copies of ``pids`` up to the
+    trainer's weights; ``pop_metrics`` gives the log-prob gap and the time spent refreshing and rescoring."""
+
+    def __init__(self, policies: dict[str, TrainablePolicy], dtype: torch.dtype = torch.bfloat16,
+                 token_budget: int = 16384):
+        self.dtype, self.gap = dtype, LogprobGap()
+        t = time.perf_counter()
+        memo: dict[int, object] = {}
+        self.views: dict[str, CopyPolicy] = {}
+        for pid in sorted(policies):
+            trainer = policies[pid]
+            sampler = copy.copy(trainer)  # same class, tokenizer and settings; its own model below
+            sampler.model = copy.deepcopy(trainer.model, memo)
+            self.views[pid] = CopyPolicy(trainer, sampler, self.gap, token_budget)
+        roots = {id(_root(v.sampler.model)): _root(v.sampler.model) for v in self.views.values()}
+        for root in roots.values():
+            _strip_autocast(root)
+            with torch.no_grad():
+                for p in root.parameters():
+                    p.data = p.data.to(dtype)
+                    p.requires_grad_(False)
+            root.eval()
+        self.refresh_s = {"all": time.perf_counter() - t}
+
+    @torch.no_grad()
+    def refresh(self, pids: Sequence[str]) -> None:
+        """Copy the trainer's current trainable weights of ``pids`` into their bfloat16 copies, in place."""
+        for pid in pids:
+            t = time.perf_counter()
+            view = self.views[pid]
+            dst = dict(_root(view.sampler.model).named_parameters())
+            for name, p in view.policy.model.named_parameters():  # L2: the role's adapter only
+                if p.requires_grad:
+                    dst[name].copy_(p)
+            self.refresh_s[pid] = time.perf_counter() - t
+
+    def pop_metrics(self) -> dict[str, float]:
+        """The log-prob gap per policy, and the seconds spent refreshing the copies and rescoring, since the last
+        call."""
+        m = self.gap.pop()
+        m["time/rollout_copy_refresh"] = sum(self.refresh_s.values())
+        m["time/logprob_recompute"] = sum(v.recompute_s for v in self.views.values())
+        self.refresh_s = {}
+        for v in self.views.values():
+            v.recompute_s = 0.0
+        return m

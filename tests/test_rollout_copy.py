@@ -1,0 +1,210 @@
+"""``model.precision``: which precision a run picks on which CPU, and rollouts from a bfloat16 copy of each policy.
+
+The copy must be refreshed after every update (else the rollout is off-policy: its log-probs drift from the
+trainer's, which the gap metric shows), hold only bfloat16 parameters (buffers such as the rotary frequencies stay
+float32), share L2's one base model between the roles, and hand the loss the trainer's log-probs, not its own.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from atgrpo.cli import main
+from atgrpo.config import ConfigError, ModelConfig, load_config
+from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
+from atgrpo.policies.precision import apply_autocast, bf16_units, resolve_precision
+from atgrpo.policies.rollout_copy import RolloutCopies
+from atgrpo.policies.shared_prefix import shared_prefix_logprobs
+from atgrpo.trainer.run import _set_precision
+from atgrpo.trainer.state import build_state
+from atgrpo.trainer.step import train_step
+
+TINY = TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4, intermediate_size=128)
+AMX_FLAGS = {"fpu", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+ZEN3_FLAGS = {"fpu", "avx2", "fma", "f16c"}  # an AMD EPYC without AVX-512: bfloat16 is emulated
+
+
+def _mixed(seed: int = 0) -> CausalLMPolicy:
+    return CausalLMPolicy("p", apply_autocast(build_tiny_model(TINY, seed), "bfloat16"), ByteTokenizer())
+
+
+def _prompts(policy) -> list[list[int]]:
+    return [policy.encode("plan a path from S to G"), policy.encode("3 + 4 = ")]
+
+
+def _gap(copies: RolloutCopies, view, prompts) -> float:
+    view.generate(prompts, 4, 1.0, 16, torch.Generator().manual_seed(0))
+    return copies.pop_metrics()["rollout/logprob_gap/p/mean"]
+
+
+# ---- which precision ----------------------------------------------------------------------------------------
+def test_bf16_units_read_from_the_flags():
+    assert bf16_units(AMX_FLAGS) == ["amx_bf16", "avx512_bf16"]
+    assert bf16_units(ZEN3_FLAGS) == []
+    assert bf16_units({"fp", "asimd", "bf16"}) == ["bf16"]  # aarch64 (Graviton 3, Neoverse V1)
+
+
+@pytest.mark.parametrize("flags, kind, backend, want", [
+    (AMX_FLAGS, "hf", "local", "bfloat16"),
+    (ZEN3_FLAGS, "hf", "local", "float32"),
+    (AMX_FLAGS, "tiny", "local", "float32"),  # the quickstart keeps its numbers
+    (AMX_FLAGS, "hf", "ray", "float32"),  # Ray's rollout workers would run autocast, not a copy: asked for, not auto
+])
+def test_auto_precision_by_cpu_model_and_backend(flags, kind, backend, want):
+    precision, why = resolve_precision(ModelConfig(kind=kind), backend, flags)
+    assert precision == want and why
+
+
+def test_explicit_precision_and_its_contradictions():
+    assert resolve_precision(ModelConfig(kind="hf", precision="float32"), "local", AMX_FLAGS)[0] == "float32"
+    assert resolve_precision(ModelConfig(kind="hf", precision="bfloat16"), "local", ZEN3_FLAGS)[0] == "bfloat16"
+    assert resolve_precision(ModelConfig(autocast="bfloat16"), "local", ZEN3_FLAGS)[0] == "bfloat16"
+    assert resolve_precision(ModelConfig(dtype="bfloat16"), "local", ZEN3_FLAGS)[0] == "bfloat16"
+    with pytest.raises(ConfigError, match="model.precision=float32 contradicts model.autocast"):
+        load_config(None, ["model.precision=float32", "model.autocast=bfloat16"])
+    with pytest.raises(ConfigError, match="needs float32 master weights"):
+        load_config(None, ["model.precision=float32", "model.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match="model.precision"):
+        load_config(None, ["model.precision=float16"])
+
+
+def test_auto_is_resolved_and_recorded_at_start_up(monkeypatch):
+    """The run's config (config.yaml) records the machine's choice, so a resume elsewhere keeps it."""
+    import atgrpo.policies.precision as precision
+
+    lines: list[str] = []
+    cfg = load_config(None, ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat"])
+    assert cfg.model.precision == "auto"
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set(AMX_FLAGS))
+    assert _set_precision(cfg, lines.append).model.precision == "bfloat16"
+    assert "precision=bfloat16" in lines[-1] and "amx_bf16" in lines[-1] and "model.precision=float32" in lines[-1]
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set(ZEN3_FLAGS))
+    assert _set_precision(cfg, lines.append).model.precision == "float32"
+    assert cfg.model.precision == "auto"  # the caller's config is not changed
+
+
+# ---- the copy ------------------------------------------------------------------------------------------------
+def test_copy_is_bfloat16_without_autocast_and_leaves_the_trainer_float32():
+    trainer = _mixed()
+    view = RolloutCopies({"p": trainer}).views["p"]
+    copy_model = view.sampler.model
+    assert {p.dtype for p in copy_model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    assert all(not p.requires_grad for p in copy_model.parameters())
+    assert not any("atgrpo_autocast" in m.__dict__ or "atgrpo_device_type" in m.__dict__
+                   for m in copy_model.modules())
+    assert not any(p.data_ptr() == q.data_ptr() for p in copy_model.parameters() for q in trainer.model.parameters())
+
+
+def test_copy_of_a_hugging_face_llama_keeps_rotary_buffers_float32(tmp_path):
+    from hf_dirs import write_tiny_hf_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = write_tiny_hf_dir(str(tmp_path))
+    model = apply_autocast(AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), "bfloat16")
+    trainer = CausalLMPolicy("p", model, AutoTokenizer.from_pretrained(d))
+    copies = RolloutCopies({"p": trainer})
+    sampler = copies.views["p"].sampler.model
+    assert {b.dtype for n, b in sampler.named_buffers() if "inv_freq" in n} == {torch.float32}
+    assert sampler.get_output_embeddings().weight is sampler.get_input_embeddings().weight  # still tied
+    assert _gap(copies, copies.views["p"], _prompts(trainer)) < 0.02
+
+
+def test_the_loss_gets_the_trainers_logprobs_not_the_copys():
+    trainer = _mixed(1)
+    copies = RolloutCopies({"p": trainer})
+    prompts = _prompts(trainer)
+    rows = copies.views["p"].generate(prompts, 4, 1.0, 12, torch.Generator().manual_seed(5))
+    flat = [(p, c) for p, row in zip(prompts, rows) for c in row]
+    with torch.no_grad():
+        logp, _ = shared_prefix_logprobs(trainer, [p for p, _ in flat], [c.ids for _, c in flat], 1.0)
+    for row, (_, c) in zip(logp, flat):
+        torch.testing.assert_close(torch.tensor(c.logprobs), row[:len(c.ids)].float(), atol=1e-6, rtol=0)
+    m = copies.pop_metrics()
+    assert 0 < m["rollout/logprob_gap/p/mean"] <= m["rollout/logprob_gap/p/max"]  # the copy's were not the same
+    assert m["time/logprob_recompute"] > 0
+
+
+def test_greedy_decoding_needs_no_rescoring():
+    copies = RolloutCopies({"p": _mixed(2)})
+    rows = copies.views["p"].generate(_prompts(copies.views["p"].policy), 1, 0.0, 8)
+    assert all(c.logprobs == [] for row in rows for c in row)
+    assert "rollout/logprob_gap/p/mean" not in copies.pop_metrics()
+
+
+def test_the_gap_is_large_without_a_refresh_and_small_after_one():
+    trainer = _mixed(3)
+    copies = RolloutCopies({"p": trainer})
+    view, prompts = copies.views["p"], _prompts(trainer)
+    fresh = _gap(copies, view, prompts)
+    with torch.no_grad():  # an update moves the trainer's weights
+        g = torch.Generator().manual_seed(0)
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    stale = _gap(copies, view, prompts)
+    copies.refresh(["p"])
+    refreshed = _gap(copies, view, prompts)
+    assert fresh < 0.02 and refreshed < 0.02
+    assert stale > 10 * max(fresh, refreshed)
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(dict(view.sampler.model.named_parameters())[name], p.to(torch.bfloat16))
+
+
+def test_l2_copies_share_one_base_and_refresh_only_the_roles_adapter():
+    pytest.importorskip("peft")
+    from atgrpo.trainer.setup import build_policies
+
+    cfg = load_config(None, ["policy.sharing=L2", "model.precision=bfloat16", "model.tiny.hidden_size=64",
+                             "model.tiny.num_layers=2", "model.tiny.intermediate_size=128"])
+    policies = build_policies(cfg, ["plan", "tool"])
+    copies = RolloutCopies(policies)
+    views = copies.views
+    assert views["tool"].sampler.model.peft is views["plan"].sampler.model.peft  # one copy of the base
+    assert views["tool"].sampler.model.peft is not policies["tool"].model.peft
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in policies["tool"].model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    shared = dict(views["tool"].sampler.model.peft.named_parameters())
+    plan_before = {n: shared[n].clone() for n, _ in policies["plan"].model.named_parameters()}
+    copies.refresh(["tool"])
+    for n, p in policies["tool"].model.named_parameters():
+        assert "tool" in n
+        torch.testing.assert_close(shared[n], p.detach().to(torch.bfloat16))
+    for n, t in plan_before.items():
+        assert torch.equal(shared[n], t)  # the other role's adapter was not touched
+
+
+# ---- in a run ----------------------------------------------------------------------------------------------
+def test_train_steps_sample_from_the_copy_and_refresh_it(fast_overrides):
+    state = build_state(load_config(None, fast_overrides + ["model.precision=bfloat16"]))
+    assert state.backend.rollout_dtype == torch.bfloat16
+    rows = [train_step(state, s).metrics() for s in (1, 2)]
+    for m in rows:
+        assert 0 < m["rollout/logprob_gap/shared/mean"] < 0.02, m["rollout/logprob_gap/shared/mean"]
+        assert m["rollout/logprob_gap/shared/max"] < 0.1
+    trainer, view = state.policies["shared"], state.backend.copies.views["shared"]
+    copy_params = dict(view.sampler.model.named_parameters())
+    for name, p in trainer.model.named_parameters():  # the copy holds the updated weights
+        assert torch.equal(copy_params[name], p.detach().to(torch.bfloat16))
+    plain = build_state(load_config(None, fast_overrides))
+    assert plain.backend.rollout_dtype is None and "rollout/logprob_gap/shared/mean" not in train_step(
+        plain, 1).metrics()
+
+
+def test_resume_keeps_the_runs_precision(tmp_path, fast_overrides):
+    out = tmp_path / "run"
+    assert main(["train", *fast_overrides, "model.precision=bfloat16", "train.steps=1", "--out", str(out),
+                 "--quiet"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["precision"] == "bfloat16"
+    assert main(["train", "--resume", str(out), "train.steps=2", "--quiet"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["precision"] == "bfloat16"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rollout/logprob_gap/shared/mean" in r] == [1, 2]
+    auto = tmp_path / "auto"
+    assert main(["train", *fast_overrides, "train.steps=0", "--out", str(auto), "--quiet"]) == 0
+    assert yaml.safe_load((auto / "config.yaml").read_text())["model"]["precision"] == "float32"
