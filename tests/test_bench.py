@@ -52,6 +52,40 @@ def test_bench_update(tmp_path):
     assert r["methods"]["shared_prefix"]["mfu"] > 0 and r["matmul_peak_flops"] > 0
 
 
+def test_bench_bfloat16_methods_beside_float32(tmp_path):
+    """--precision both: the bfloat16 copy's rollout and the autocast update beside the float32 ones, each with
+    MFU against its own precision's peak, and the CPU's bfloat16 units named in the report."""
+    from atgrpo.bench.rollout import bench_rollout
+    from atgrpo.bench.update import bench_update
+
+    both = ("float32", "bfloat16")
+    r = bench_rollout(SMALL, str(tmp_path), "rollout", peak_n=128, precisions=both)
+    _check(r, tmp_path / "rollout.json", {"tree", "naive_loop", "hf_generate", "tree_bf16_copy"})
+    assert r["methods"]["tree_bf16_copy"]["precision"] == "bfloat16" and r["methods"]["tree"]["precision"] == "float32"
+    assert set(r["matmul_peaks"]) == {"float32", "bfloat16"} and min(r["matmul_peaks"].values()) > 0
+    peak = r["matmul_peaks"]["bfloat16"]
+    m = r["methods"]["tree_bf16_copy"]
+    assert m["mfu"] == pytest.approx(m["model_flops"] / m["median_s"] / peak)
+    assert "tree_bf16_copy_vs_tree" in r["ratios"] and r["logprob_gap"]["rollout/logprob_gap/bench/mean"] < 0.05
+    assert "bfloat16 units" in (tmp_path / "rollout.md").read_text()
+    assert isinstance(r["machine"]["bf16_units"], list)
+    u = bench_update(SMALL, str(tmp_path), "update", peak_n=128, precisions=both)
+    assert u["methods"]["shared_prefix_bf16"]["precision"] == "bfloat16"
+    assert 0 < u["grad_rel_diff_bf16"] < 0.05  # bfloat16 rounding of the same gradient
+
+
+def test_matmul_peak_stops_growing_once_a_product_is_slow():
+    import time
+
+    import torch
+
+    from atgrpo.bench.common import matmul_peak_flops
+
+    t = time.perf_counter()
+    assert matmul_peak_flops(4096, reps=1, dtype=torch.bfloat16, min_seconds=0.01) > 0
+    assert time.perf_counter() - t < 30  # a 4096^3 bfloat16 product alone takes minutes where it is emulated
+
+
 def test_bench_step(tmp_path):
     from atgrpo.bench.step import bench_step
 

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hidden-size", type=int, help="tiny model width (default: TinyModelConfig)")
     p.add_argument("--num-layers", type=int, help="tiny model depth (default: TinyModelConfig)")
     p.add_argument("--no-trl", action="store_true", help="step: time atgrpo only")
+    p.add_argument("--precision", choices=("float32", "both"), default="float32",
+                   help="rollout, update: also time the bfloat16 path (both): rollouts from a bfloat16 copy, the "
+                        "loss under bfloat16 autocast, each with MFU against the bfloat16 matmul peak")
     p.add_argument("--engine", help="rollout: compare rollout engines on a Hugging Face model instead, e.g. "
                    "native,vllm (SmolLM2 shape: 8 chat prompts x ~300 tokens, K=8, 64 new tokens)")
     p.add_argument("--model", help="--engine: a local Hugging Face model directory (default: model.preset "
@@ -52,7 +55,9 @@ def command_line(args) -> str:
         v = getattr(args, flag)
         if v is not None:
             parts += [("-K" if flag == "K" else "--" + flag.replace("_", "-")), str(v)]
-    return " ".join(parts + (["--no-trl"] if args.no_trl else []))
+    extra = (["--no-trl"] if args.no_trl else []) + (["--precision", args.precision] if args.precision != "float32"
+                                                     else [])
+    return " ".join(parts + extra)
 
 
 def run(args) -> int:
@@ -108,13 +113,14 @@ def run(args) -> int:
     tag = args.tag or args.preset
     cmd = command_line(args)
     which = ("rollout", "update", "step") if args.which == "all" else (args.which,)
+    precisions = ("float32", "bfloat16") if args.precision == "both" else ("float32",)
     for name in which:
         if name == "rollout":
             from .rollout import bench_rollout
-            bench_rollout(shape, args.out, f"rollout_{tag}", cmd)
+            bench_rollout(shape, args.out, f"rollout_{tag}", cmd, precisions=precisions)
         elif name == "update":
             from .update import bench_update
-            bench_update(shape, args.out, f"update_{tag}", cmd)
+            bench_update(shape, args.out, f"update_{tag}", cmd, precisions=precisions)
         else:
             from .step import bench_step
             bench_step(shape, args.out, f"step_{tag}", cmd, with_trl=not args.no_trl)

@@ -172,21 +172,58 @@ def machine() -> dict:
     except ImportError:
         trl_v = None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"nproc": os.cpu_count(), "cpu_model": cpu, "torch_threads": torch.get_num_threads(),
+    from ..policies.precision import bf16_units
+
+    return {"nproc": os.cpu_count(), "cpu_model": cpu, "bf16_units": bf16_units(), "torch_threads": torch.get_num_threads(),
             "loadavg_1m_at_start": load, "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "trl": trl_v}
 
 
-def matmul_peak_flops(n: int = 2048, reps: int = 5) -> float:
-    """The machine's measured float32 matmul throughput (FLOP/s): the best of ``reps`` n x n x n products."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.matmul(a, b)
+def matmul_peak_flops(n: int = 2048, reps: int = 5, dtype: torch.dtype = torch.float32,
+                      min_seconds: float = 0.05) -> float:
+    """The machine's measured matmul throughput in ``dtype`` (FLOP/s): the best of ``reps`` square products of
+    size ``n``, or of the first size (doubling from 256) whose product takes at least ``min_seconds`` when that
+    comes first: a CPU that emulates bfloat16 runs a 2048^3 product for about a minute, and a smaller one gives
+    the same rate."""
+    m = 256
+    while True:
+        a, b = torch.randn(m, m, dtype=dtype), torch.randn(m, m, dtype=dtype)
+        t = time.perf_counter()
+        torch.matmul(a, b)
+        if m >= n or time.perf_counter() - t >= min_seconds:
+            break
+        m *= 2
     best = 0.0
     for _ in range(reps):
         t = time.perf_counter()
         torch.matmul(a, b)
-        best = max(best, 2 * n**3 / (time.perf_counter() - t))
+        best = max(best, 2 * m**3 / (time.perf_counter() - t))
     return best
+
+
+def matmul_peaks(n: int = 2048) -> dict[str, float]:
+    """Both matmul peaks (FLOP/s) of this machine: float32 and bfloat16. MFU is taken against the peak of the
+    precision a method ran in."""
+    return {"float32": matmul_peak_flops(n), "bfloat16": matmul_peak_flops(n, dtype=torch.bfloat16)}
+
+
+def peaks_note(peaks: dict[str, float], cpu: dict) -> str:
+    """One line for a report: the CPU, its bfloat16 units and both matmul peaks."""
+    units = ", ".join(cpu["bf16_units"]) or "none: bfloat16 is emulated"
+    return (f"CPU {cpu['cpu_model']} (bfloat16 units: {units}); matmul peak float32 {peaks['float32'] / 1e9:.1f} "
+            f"GFLOP/s, bfloat16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s ({cpu['torch_threads']} threads)")
+
+
+def autocast_twin(policy: CausalLMPolicy) -> CausalLMPolicy:
+    """The same policy on a deep copy of its model run under bfloat16 autocast (float32 master weights): what a
+    ``model.precision=bfloat16`` run trains and rescores with. Forward hooks (EOS suppression) come along."""
+    import copy
+
+    from ..policies.precision import apply_autocast
+
+    twin = copy.copy(policy)
+    twin.model = apply_autocast(copy.deepcopy(policy.model), "bfloat16")
+    return twin
 
 
 def shape_dict(shape: Shape) -> dict:

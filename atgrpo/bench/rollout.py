@@ -7,7 +7,12 @@
 - ``hf_generate``: transformers ``model.generate(do_sample=True, num_return_sequences=K, top_k=0, top_p=1.0)``
   on the same left-padded batch (it repeats each prompt K times *before* the prefill).
 
-Same model, prompts, temperature 1, float32; EOS is suppressed in all three so each produces exactly
+With ``precisions`` holding ``bfloat16``, also ``tree_bf16_copy``: the tree sampler on a bfloat16 copy of the
+policy (``policies/rollout_copy.py``), each response then rescored by the float32-master-weight policy under
+bfloat16 autocast (what a ``model.precision=bfloat16`` run's rollout does; its MFU counts both passes against the
+bfloat16 peak).
+
+Same model, prompts, temperature 1, float32 unless said otherwise; EOS is suppressed in all three so each produces exactly
 P * K * new_tokens tokens (checked). With a real model (``--preset smollm2``: chat prompts through its template)
 the naive loop is left out: it prefills each prompt K times over, and the target is set against
 ``num_return_sequences``. MFU: model FLOPs (2 x parameters per token the method runs through the model, prompt
@@ -18,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
-from .common import (Shape, bench_prompts, interleaved, machine, make_policy, matmul_peak_flops, shape_dict,
-                     summarize, suppress_eos, write_report)
+from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks,
+                     peaks_note, shape_dict, summarize, suppress_eos, write_report)
 
 
 def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: str | None = None,
-                  peak_n: int = 2048) -> dict:
+                  peak_n: int = 2048, precisions: tuple[str, ...] = ("float32",)) -> dict:
     policy = make_policy(shape)
     policy.model.eval()
     hook = suppress_eos(policy.model, policy.eos_id)
@@ -60,30 +65,61 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
     methods = {"tree": tree, "naive_loop": naive_loop, "hf_generate": hf_generate}
     if shape.model != "tiny":
         del methods["naive_loop"]
+    gap = {}
+    if "bfloat16" in precisions:
+        from ..policies.rollout_copy import RolloutCopies
+
+        copies = RolloutCopies({policy.policy_id: autocast_twin(policy)}, token_budget=shape.token_budget)
+        view = copies.views[policy.policy_id]
+
+        def tree_bf16_copy():
+            out = view.generate(prompts, K, 1.0, T, gen)
+            counts["tree_bf16_copy"] = sum(len(c.ids) for row in out for c in row)
+            gap.update(copies.pop_metrics())
+
+        methods["tree_bf16_copy"] = tree_bf16_copy
     try:
         times = interleaved(methods, shape.reps, shape.warmup)
     finally:
         hook.remove()
     expect = P * K * T
     assert all(c == expect for c in counts.values()), f"unequal token counts {counts}, expected {expect} each"
-    peak = matmul_peak_flops(peak_n)
+    peaks = matmul_peaks(peak_n)
     n_params = policy.num_parameters()
     prompt_tokens = sum(map(len, prompts))
     flops = {"tree": 2 * n_params * (prompt_tokens + expect), "naive_loop": 2 * n_params * (K * prompt_tokens + expect),
-             "hf_generate": 2 * n_params * (K * P * Lp + expect)}
+             "hf_generate": 2 * n_params * (K * P * Lp + expect),
+             "tree_bf16_copy": 2 * 2 * n_params * (prompt_tokens + expect)}  # sampling, then the rescoring
     res = {m: summarize(times[m], expect) for m in methods}
     for m in methods:
+        res[m]["precision"] = "bfloat16" if m == "tree_bf16_copy" else "float32"
         res[m]["model_flops"] = flops[m]
-        res[m]["mfu"] = flops[m] / res[m]["median_s"] / peak
-    ratios = {f"tree_vs_{m}": res[m]["median_s"] / res["tree"]["median_s"] for m in methods if m != "tree"}
+        res[m]["mfu"] = flops[m] / res[m]["median_s"] / peaks[res[m]["precision"]]
+    ratios = {f"tree_vs_{m}": res[m]["median_s"] / res["tree"]["median_s"] for m in methods
+              if m not in ("tree", "tree_bf16_copy")}
+    if "tree_bf16_copy" in res:
+        ratios["tree_bf16_copy_vs_tree"] = res["tree"]["median_s"] / res["tree_bf16_copy"]["median_s"]
+    cpu = machine()
+    bf16_native = bool(cpu["bf16_units"])
     targets = {"tree_vs_naive_loop": 8.0, "tree_vs_hf_generate": 2.5}
-    result = {"bench": "rollout", "shape": shape_dict(shape), "machine": machine(), "methods": res,
+    if bf16_native:  # on a CPU that emulates bfloat16 the copy is slower: no target there
+        targets["tree_bf16_copy_vs_tree"] = 3.0
+    result = {"bench": "rollout", "shape": shape_dict(shape), "machine": cpu, "methods": res,
               "ratios": ratios, "targets": {k: v for k, v in targets.items() if k in ratios},
-              "matmul_peak_flops": peak, "params": n_params, "command": command}
-    rows = [(m, expect, res[m]["median_s"], res[m]["tokens_per_s"], res["tree"]["tokens_per_s"] /
+              "matmul_peak_flops": peaks["float32"], "matmul_peaks": peaks, "logprob_gap": gap, "params": n_params,
+              "command": command}
+    rows = [(m, res[m]["precision"], expect, res[m]["median_s"], res[m]["tokens_per_s"], res["tree"]["tokens_per_s"] /
              res[m]["tokens_per_s"], 100 * res[m]["mfu"]) for m in methods]
-    notes = [f"tree vs {k[len('tree_vs_'):]}: {v:.2f}x (target >= {targets[k]:g}x)" for k, v in ratios.items()]
-    notes.append(f"matmul peak {peak / 1e9:.1f} GFLOP/s (float32); params {n_params}; model {shape.model}")
-    write_report(out_dir, name, result, rows, ("method", "tokens", "median s", "tokens/s", "tree speed-up", "MFU %"),
+    notes = [f"{k.replace('_vs_', ' vs ')}: {v:.2f}x" + (f" (target >= {targets[k]:g}x)" if k in targets else "")
+             for k, v in ratios.items()]
+    if gap:
+        key = f"rollout/logprob_gap/{policy.policy_id}"
+        notes.append(f"bfloat16 copy vs the trainer's log-probs: mean gap {gap[key + '/mean']:.4f}, max "
+                     f"{gap[key + '/max']:.3f}" + ("" if bf16_native else
+                                                   "; this CPU emulates bfloat16: the copy cannot be faster here"))
+    notes.append(peaks_note(peaks, cpu))
+    notes.append(f"params {n_params}; model {shape.model}")
+    write_report(out_dir, name, result, rows, ("method", "precision", "tokens", "median s", "tokens/s",
+                                               "tree speed-up", "MFU %"),
                  notes)
     return result

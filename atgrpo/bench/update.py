@@ -4,7 +4,8 @@ Both run the same PPO loss (``policy_loss``, token-mean) on the same P * K sampl
 ``new_tokens`` tokens to each prompt), micro-batched as ``update_policy`` does (the shape's ``algo()`` settings).
 Before timing, both compute the gradient once and the report says how far apart they are (they must agree to
 float rounding). Model FLOPs utilization (MFU) is measured against the machine's float32 matmul peak
-(``matmul_peak_flops``); FLOPs = 6 * parameters * tokens the method actually runs + attention
+(``matmul_peak_flops``; the bfloat16 peak for ``shared_prefix_bf16``, the loss under bfloat16 autocast on float32
+master weights, run with ``precisions`` holding bfloat16); FLOPs = 6 * parameters * tokens the method actually runs + attention
 (12 * layers * hidden * keys attended, per query token). The per-sample method runs ~``K(P+T)/(P+KT)`` times the
 tokens, so its MFU can be higher while it is slower: the speed-up is the number that counts.
 """
@@ -16,7 +17,7 @@ import torch
 from ..algorithms.losses import policy_loss
 from ..config import AlgoConfig
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
-from .common import (Shape, bench_prompts, interleaved, machine, make_policy, matmul_peak_flops,
+from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks, peaks_note,
                      response_token_range, shape_dict, summarize, write_report)
 
 
@@ -70,7 +71,7 @@ def model_flops(policy, prompts, responses, shared: bool) -> float:
 
 
 def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str | None = None,
-                 peak_n: int = 2048) -> dict:
+                 peak_n: int = 2048, precisions: tuple[str, ...] = ("float32",)) -> dict:
     policy = make_policy(shape)
     policy.model.train()
     algo = shape.algo()
@@ -78,45 +79,63 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
     with torch.no_grad():
         old, _ = policy.response_logprobs(prompts, responses, 1.0)  # (B, T) "sampling-time" log-probs
     adv = torch.randn(len(prompts), generator=torch.Generator().manual_seed(shape.seed + 2))
+    # method -> (policy, shared prefix, precision); the autocast twin is what model.precision=bfloat16 trains
+    runs = {"per_sample": (policy, False, "float32"), "shared_prefix": (policy, True, "float32")}
+    if "bfloat16" in precisions:
+        runs["shared_prefix_bf16"] = (autocast_twin(policy), True, "bfloat16")
     grads, losses = {}, {}
-    for m, shared in (("per_sample", False), ("shared_prefix", True)):
-        policy.model.zero_grad(set_to_none=True)
-        losses[m] = loss_backward(policy, prompts, responses, old, adv, shared, algo)
-        grads[m] = [p.grad.clone() for p in policy.model.parameters()]
+    for m, (pol, shared, _) in runs.items():
+        pol.model.zero_grad(set_to_none=True)
+        losses[m] = loss_backward(pol, prompts, responses, old, adv, shared, algo)
+        grads[m] = [p.grad.clone() for p in pol.model.parameters()]
     diff = max(float((a - b).abs().max()) for a, b in zip(grads["per_sample"], grads["shared_prefix"]))
     scale = max(float(a.abs().max()) for a in grads["per_sample"])
+    bf16_rel = None
+    if "shared_prefix_bf16" in grads:  # bfloat16 rounding of the gradient, relative to its float32 norm
+        ref, got = (torch.cat([g.flatten() for g in grads[m]]) for m in ("shared_prefix", "shared_prefix_bf16"))
+        bf16_rel = float((got - ref).norm() / ref.norm())
 
-    def run(shared):
+    def run(pol, shared):
         def f():
-            policy.model.zero_grad(set_to_none=True)
-            loss_backward(policy, prompts, responses, old, adv, shared, algo)
+            pol.model.zero_grad(set_to_none=True)
+            loss_backward(pol, prompts, responses, old, adv, shared, algo)
         return f
 
-    times = interleaved({"per_sample": run(False), "shared_prefix": run(True)}, shape.reps, shape.warmup)
-    peak = matmul_peak_flops(peak_n)
+    times = interleaved({m: run(pol, shared) for m, (pol, shared, _) in runs.items()}, shape.reps, shape.warmup)
+    peaks = matmul_peaks(peak_n)
+    peak = peaks["float32"]
     tokens = sum(len(r) for r in responses)
     res = {}
-    for m, shared in (("per_sample", False), ("shared_prefix", True)):
+    for m, (_, shared, precision) in runs.items():
         res[m] = summarize(times[m], tokens)
+        res[m]["precision"] = precision
         res[m]["model_flops"] = model_flops(policy, prompts, responses, shared)
-        res[m]["mfu"] = res[m]["model_flops"] / res[m]["median_s"] / peak
+        res[m]["mfu"] = res[m]["model_flops"] / res[m]["median_s"] / peaks[precision]
     speedup = res["per_sample"]["median_s"] / res["shared_prefix"]["median_s"]
     flop_bound = res["per_sample"]["model_flops"] / res["shared_prefix"]["model_flops"]
     # the tiny preset's target; a real model's shape has its own FLOP bound (SmolLM2 preset: 3.6x), the report
     # gives the speed-up as a share of it
     targets = {"shared_prefix_vs_per_sample": 4.5} if shape.model == "tiny" else {}
-    result = {"bench": "update", "shape": shape_dict(shape), "machine": machine(), "methods": res,
-              "ratios": {"shared_prefix_vs_per_sample": speedup}, "flop_bound": flop_bound, "targets": targets,
-              "matmul_peak_flops": peak, "grad_max_abs_diff": diff, "grad_max_abs": scale,
-              "loss": losses, "grads_equal": diff <= 1e-5 + 1e-4 * scale,
+    ratios = {"shared_prefix_vs_per_sample": speedup}
+    notes = [f"shared-prefix vs per-sample: {speedup:.2f}x, {100 * speedup / flop_bound:.0f}% of the FLOP bound "
+             f"{flop_bound:.2f}x" + (" (target >= 4.5x)" if targets else ""),
+             f"gradients: max |diff| {diff:.2e} (max |grad| {scale:.2e}); losses {losses}"]
+    cpu = machine()
+    if bf16_rel is not None:
+        ratios["shared_prefix_bf16_vs_shared_prefix"] = (res["shared_prefix"]["median_s"]
+                                                        / res["shared_prefix_bf16"]["median_s"])
+        if cpu["bf16_units"]:
+            targets["shared_prefix_bf16_vs_shared_prefix"] = 2.0
+        notes.append(f"bfloat16 autocast vs float32 (shared prefix): "
+                     f"{ratios['shared_prefix_bf16_vs_shared_prefix']:.2f}x; gradient |diff| / |grad| {bf16_rel:.4f}")
+    result = {"bench": "update", "shape": shape_dict(shape), "machine": cpu, "methods": res,
+              "ratios": ratios, "flop_bound": flop_bound, "targets": targets,
+              "matmul_peak_flops": peak, "matmul_peaks": peaks, "grad_max_abs_diff": diff, "grad_max_abs": scale,
+              "grad_rel_diff_bf16": bf16_rel, "loss": losses, "grads_equal": diff <= 1e-5 + 1e-4 * scale,
               "params": policy.num_parameters(), "command": command}
-    rows = [(m, tokens, res[m]["median_s"], res[m]["tokens_per_s"], res[m]["model_flops"] / 1e9,
+    rows = [(m, res[m]["precision"], tokens, res[m]["median_s"], res[m]["tokens_per_s"], res[m]["model_flops"] / 1e9,
              100 * res[m]["mfu"]) for m in res]
-    write_report(out_dir, name, result, rows, ("method", "response tokens", "median s", "tokens/s",
+    write_report(out_dir, name, result, rows, ("method", "precision", "response tokens", "median s", "tokens/s",
                                                "GFLOP", "MFU %"),
-                 [f"shared-prefix vs per-sample: {speedup:.2f}x, {100 * speedup / flop_bound:.0f}% of the FLOP bound "
-                  f"{flop_bound:.2f}x" + (" (target >= 4.5x)" if targets else ""),
-                  f"gradients: max |diff| {diff:.2e} (max |grad| {scale:.2e}); losses {losses}",
-                  f"matmul peak {peak / 1e9:.1f} GFLOP/s ({peak_n}^3 float32); params {policy.num_parameters()}; "
-                  f"model {shape.model}"])
+                 notes + [peaks_note(peaks, cpu), f"params {policy.num_parameters()}; model {shape.model}"])
     return result
