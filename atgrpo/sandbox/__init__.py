@@ -66,6 +66,7 @@ Network isolation
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -78,14 +79,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from .confine import (_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWUSER, Isolation, _child_main,
-                      _ChildPlan, isolation, leftover_processes)
+from . import seccomp
+from .confine import (_CLONE_NEWNET, _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWUSER, _UIDS, INIT_SCRIPT, Isolation,
+                      _child_main, _ChildPlan, isolation, leftover_processes, mountpoint)
 from .process import _communicate, _env, _killer, _open_init, _Pipe, _program_returncode, _workspace
+from .root import package_binds, root_spec
 
-__all__ = ["ExecResult", "Isolation", "Limits", "SandboxPool", "isolation",
-           "leftover_processes", "run_many", "run_python", "NETWORK_ISOLATION"]
+__all__ = ["ExecResult", "Isolation", "Limits", "SandboxPool", "SandboxUnavailable", "allow_unconfined",
+           "isolation", "leftover_processes", "run_many", "run_python", "NETWORK_ISOLATION"]
 
 _MEMORY_ERROR = re.compile(rb"MemoryError|Cannot allocate memory|out of memory")
+UNCONFINED_ENV = "ATGRPO_SANDBOX_UNCONFINED"  # "1": what ``sandbox.unconfined: true`` sets for every process
+
+
+class SandboxUnavailable(RuntimeError):
+    """Nothing on this machine can confine programs, and running them unconfined was not allowed."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ class Limits:
     max_processes: int = 64          # processes + threads of the sandbox uid (RLIMIT_NPROC)
     max_output_bytes: int = 64 * 1024  # kept per stream (stdout, stderr)
     network: bool = False            # allow network access (skip the network namespace)
+    packages: tuple[str, ...] = ()   # installed top-level packages the program may import (read-only)
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,15 @@ def __getattr__(name: str):  # PEP 562: NETWORK_ISOLATION is probed on first acc
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def allow_unconfined(allow: bool = True) -> None:
+    """Let ``run_python`` run programs without isolation where nothing can isolate them (the config's
+    ``sandbox.unconfined: true``); set through the environment so that worker processes inherit it."""
+    if allow:
+        os.environ[UNCONFINED_ENV] = "1"
+    else:
+        os.environ.pop(UNCONFINED_ENV, None)
+
+
 def _rlimits(limits: Limits, timeout: float) -> tuple[tuple[int, int, int], ...]:
     cpu = limits.cpu_seconds or math.ceil(timeout) + 1
     mem, fsize = limits.memory_mb << 20, limits.file_size_mb << 20
@@ -133,37 +151,86 @@ def _rlimits(limits: Limits, timeout: float) -> tuple[tuple[int, int, int], ...]
 
 
 def _unshare_flags(iso: Isolation, limits: Limits) -> int:
-    flags = _CLONE_NEWNS | _CLONE_NEWPID if iso.namespaces else 0
-    if iso.network and not limits.network:
-        flags |= _CLONE_NEWNET if os.geteuid() == 0 else _CLONE_NEWUSER | _CLONE_NEWNET
-    return flags
+    if not iso.namespaces:
+        return 0
+    flags = _CLONE_NEWNS | _CLONE_NEWPID | (_CLONE_NEWUSER if iso.mode == "userns" else 0)
+    return flags | (_CLONE_NEWNET if iso.network and not limits.network else 0)
+
+
+@functools.cache
+def _filter() -> seccomp.Prepared | None:
+    prog = seccomp.filter_program()
+    return None if prog is None else seccomp.Prepared(prog)
 
 
 def run_python(code: str, stdin: str = "", timeout: float = 5.0, limits: Limits | None = None) -> ExecResult:
-    """Run ``code`` as ``python -I main.py`` in a fresh sandbox and return what happened."""
-    limits = limits or Limits()
+    """Run ``code`` as ``python -I main.py`` in a fresh sandbox and return what happened.
+
+    Raises :class:`SandboxUnavailable` where nothing can isolate the program (see the module docstring)
+    unless unconfined runs were allowed (:func:`allow_unconfined`, ``sandbox.unconfined: true``)."""
     iso = isolation()
-    with _workspace(code, iso.drop_privileges) as (workdir, uid), _Pipe() as pid_pipe, _Pipe() as status_pipe:
-        plan = _ChildPlan(workdir, uid, _rlimits(limits, timeout), _unshare_flags(iso, limits), iso.namespaces,
-                          iso.reveal, limits.file_size_mb, pid_pipe.w, status_pipe.w)
-        start = time.monotonic()
-        with subprocess.Popen([sys.executable, "-I", "main.py"], cwd=workdir, env=_env(workdir),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              start_new_session=True, preexec_fn=functools.partial(_child_main, plan)) as proc:
-            pid_pipe.close_write()
-            status_pipe.close_write()
-            init_fd = _open_init(proc, pid_pipe.r) if iso.namespaces else None
-            kill = _killer(proc, init_fd)
-            try:
-                out, err, timed_out, truncated = _communicate(proc, stdin.encode(), timeout,
-                                                              limits.max_output_bytes, kill)
-            finally:
-                kill()  # always, so that nothing outlives the run; before reaping (group id stays ours)
-                proc.wait()
-                if init_fd is not None:
-                    os.close(init_fd)
-        wall = time.monotonic() - start
-        returncode = _program_returncode(proc, status_pipe.r, iso.namespaces)
+    if not iso.namespaces and os.environ.get(UNCONFINED_ENV) != "1":
+        raise SandboxUnavailable(f"atgrpo.sandbox: cannot isolate programs on this machine ({iso.reason}); "
+                                 "set `sandbox.unconfined: true` in the config (or ATGRPO_SANDBOX_UNCONFINED=1) "
+                                 "to run them unconfined anyway")
+    return _run(code, stdin, timeout, limits or Limits(), iso)
+
+
+def _probe_run(iso: Isolation) -> str:
+    """'' if ``print(1)`` runs under ``iso``, else what went wrong (used by :func:`isolation`)."""
+    res = _run("print(1)", "", 30.0, Limits(), iso)
+    return "" if res.ok and res.stdout == "1\n" else f"exit {res.exit_code}: {res.stderr.strip()[-300:]}"
+
+
+@contextlib.contextmanager
+def _explained(status_pipe: _Pipe):
+    """Turn Popen's bare "Exception occurred in preexec_fn" into the reason the child wrote."""
+    try:
+        yield
+    except subprocess.SubprocessError as e:
+        os.set_blocking(status_pipe.r, False)
+        try:
+            why = os.read(status_pipe.r, 600)
+        except BlockingIOError:
+            why = b""
+        reason = why[2:].split(b"\n")[0].decode(errors="replace") if why.startswith(b"E:") else str(e)
+        raise RuntimeError(f"atgrpo.sandbox: setting up the sandbox failed: {reason}") from e
+
+
+def _run(code: str, stdin: str, timeout: float, limits: Limits, iso: Isolation) -> ExecResult:
+    confined = iso.namespaces
+    spec = root_spec() if confined else None
+    uid = _UIDS.acquire() if iso.mode == "root" else None
+    try:
+        with _workspace(code, confined) as workdir, _Pipe() as pid_pipe, _Pipe() as status_pipe:
+            plan = _ChildPlan(workdir, code.encode("utf-8", "surrogateescape"), uid, (os.getuid(), os.getgid()),
+                              _rlimits(limits, timeout), _unshare_flags(iso, limits), iso.mode == "userns",
+                              spec, package_binds(tuple(limits.packages)) if confined and limits.packages else (),
+                              mountpoint() if confined else "", limits.file_size_mb,
+                              _filter() if iso.seccomp else None, pid_pipe.w, status_pipe.w)
+            args = ([spec.shell, "-c", INIT_SCRIPT, "sh", spec.python, "-I", "main.py"] if confined
+                    else [sys.executable, "-I", "main.py"])
+            start = time.monotonic()
+            with _explained(status_pipe), subprocess.Popen(args, cwd=None if confined else workdir, env=_env(workdir),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=True, preexec_fn=functools.partial(_child_main, plan)) as proc:
+                pid_pipe.close_write()
+                status_pipe.close_write()
+                init_fd = _open_init(proc, pid_pipe.r) if confined else None
+                kill = _killer(proc, init_fd)
+                try:
+                    out, err, timed_out, truncated = _communicate(proc, stdin.encode(), timeout,
+                                                                  limits.max_output_bytes, kill)
+                finally:
+                    kill()  # always, so that nothing outlives the run; before reaping (group id stays ours)
+                    proc.wait()
+                    if init_fd is not None:
+                        os.close(init_fd)
+            wall = time.monotonic() - start
+            returncode = _program_returncode(proc, status_pipe.r, confined)
+    finally:
+        if uid is not None:
+            _UIDS.release(uid)
     signaled = -returncode if returncode < 0 else None
     return ExecResult(
         stdout=out.decode("utf-8", "replace"),
