@@ -125,6 +125,20 @@ def test_humaneval_canonical_passes_and_wrong_completion_fails():
         make("code", dataset="humaneval").reset(0)
 
 
+@pytest.mark.slow
+def test_humaneval_all_164_canonical_solutions_pass_in_the_sandbox():
+    """The sandbox's minimal root holds everything HumanEval's reference solutions need (standard library
+    only): each of the 164 passes its hidden tests there."""
+    env = make("code", dataset="humaneval", split="eval", cache=False)
+    solved = set()
+    for seed in range(164):
+        env.reset(seed)
+        env.step(env.expert_action("coder"))
+        assert env.success, env.problem.pid
+        solved.add(env.problem.pid)
+    assert len(solved) == 164
+
+
 def test_jsonl_loader_and_missing_file(tmp_path):
     path = tmp_path / "probs.jsonl"
     records = [{"question": "Print the double of the integer n.", "inputs": ["2\n", "5\n"], "outputs": ["4", "10"],

@@ -280,3 +280,51 @@ def test_interpreter_runs_without_its_virtual_environment():
         assert sys.prefix not in r.stdout.splitlines()[1] or sys.prefix == sys.base_prefix
         r = run_python("import pytest")
         assert r.exit_code == 1 and "ModuleNotFoundError: No module named 'pytest'" in r.stderr
+
+
+# --- where nothing can isolate -----------------------------------------------------------------------------
+
+_NO_NAMESPACES = """
+import os, sys
+from atgrpo.sandbox import confine, seccomp
+confine._prctl(38, 1)  # no_new_privs, then the sandbox's own filter: this process can no longer unshare
+seccomp.install(confine._libc, seccomp.Prepared(seccomp.filter_program()))
+from atgrpo import sandbox
+print('MODE', sandbox.isolation().mode)
+try:
+    print('RAN', sandbox.run_python('print(6 * 7)').stdout.strip())
+except sandbox.SandboxUnavailable as e:
+    print('REFUSED', e)
+"""
+
+
+@pytest.mark.skipif(not sandbox.isolation().seccomp, reason="needs the system-call filter (x86_64, aarch64)")
+@pytest.mark.parametrize("allowed", [False, True])
+def test_refuses_unconfined_runs_unless_allowed(allowed):
+    """In a process that cannot create namespaces (the sandbox's filter denies unshare), run_python refuses
+    with one line naming the setting; with ATGRPO_SANDBOX_UNCONFINED=1 (what sandbox.unconfined: true sets)
+    it runs the program unconfined."""
+    env = {k: v for k, v in os.environ.items() if k != "ATGRPO_SANDBOX_UNCONFINED"}
+    env["PYTHONPATH"] = REPO
+    if allowed:
+        env["ATGRPO_SANDBOX_UNCONFINED"] = "1"
+    out = subprocess.run([sys.executable, "-c", _NO_NAMESPACES], capture_output=True, text=True, env=env,
+                         timeout=120).stdout
+    assert "MODE none" in out, out
+    if allowed:
+        assert "RAN 42" in out, out
+    else:
+        refusal = [line for line in out.splitlines() if line.startswith("REFUSED")]
+        assert len(refusal) == 1 and "`sandbox.unconfined: true`" in refusal[0], out
+
+
+def test_unconfined_setting_in_the_config(monkeypatch, capsys):
+    from atgrpo.config import load_config
+
+    assert load_config().sandbox.unconfined is False
+    assert load_config(overrides=["sandbox.unconfined=true"]).sandbox.unconfined is True
+    monkeypatch.delenv("ATGRPO_SANDBOX_UNCONFINED", raising=False)
+    sandbox.allow_unconfined()
+    assert os.environ["ATGRPO_SANDBOX_UNCONFINED"] == "1"
+    sandbox.allow_unconfined(False)
+    assert "ATGRPO_SANDBOX_UNCONFINED" not in os.environ

@@ -69,6 +69,12 @@ def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False
     ``TrainingInterrupted`` after a stop signal, ``NonFiniteError`` after too many non-finite updates."""
     check_model_path(cfg)
     check_run_dir(run_dir)
+    if cfg.sandbox.unconfined:
+        from ..sandbox import allow_unconfined
+
+        allow_unconfined()  # through the environment, so that Ray's environment workers see it too
+        _warn("atgrpo: sandbox.unconfined: true -- where this machine cannot isolate programs, the programs the "
+              "agents write run UNCONFINED (they can read and write your files and reach the network)")
     created = not os.path.exists(run_dir)
     had_lock = os.path.exists(os.path.join(run_dir, LOCK_FILE))
     with RunLock(run_dir) as lock, StopOnSignal() as stop:
