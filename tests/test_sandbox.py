@@ -316,15 +316,3 @@ def test_refuses_unconfined_runs_unless_allowed(allowed):
     else:
         refusal = [line for line in out.splitlines() if line.startswith("REFUSED")]
         assert len(refusal) == 1 and "`sandbox.unconfined: true`" in refusal[0], out
-
-
-def test_unconfined_setting_in_the_config(monkeypatch, capsys):
-    from atgrpo.config import load_config
-
-    assert load_config().sandbox.unconfined is False
-    assert load_config(overrides=["sandbox.unconfined=true"]).sandbox.unconfined is True
-    monkeypatch.delenv("ATGRPO_SANDBOX_UNCONFINED", raising=False)
-    sandbox.allow_unconfined()
-    assert os.environ["ATGRPO_SANDBOX_UNCONFINED"] == "1"
-    sandbox.allow_unconfined(False)
-    assert "ATGRPO_SANDBOX_UNCONFINED" not in os.environ
