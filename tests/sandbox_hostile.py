@@ -52,7 +52,7 @@ def make_context(base: str, repo: str, humaneval: str | None, port: int) -> dict
             "repo_file": os.path.join(repo, "atgrpo", "envs", "code.py"), "humaneval": humaneval,
             "home": os.path.expanduser("~"), "trainer_pid": os.getpid(), "port": port,
             "nr": {k: v[col] for k, v in seccomp.DENIED.items()}, "nr_clone": (56, 220)[col],
-            "trainer_argv": [a for a in sys.argv if len(a) > 3]}
+            "trainer_argv": [a for a in sys.argv if len(a) > 3], "machine": platform.machine()}
 
 
 def _no_secret(res, ctx) -> None:
@@ -266,6 +266,32 @@ def _cases() -> list:
     add("reboot", *_denied_syscall("sys_call(CTX['nr']['reboot'], 0xfee1dead, 672274793, 0x4321fedc, 0)"))
     add("chroot", *_denied_syscall("(libc.chroot(b'/tmp'), ctypes.get_errno())"))
     add("io_uring_setup", *_denied_syscall("sys_call(CTX['nr']['io_uring_setup'], 8, 0)"))
+
+    def check_other_abi(res, ctx):
+        if ctx["machine"] == "x86_64":  # the filter's numbers are x86_64's: any other ABI is killed outright
+            assert res.killed_by_signal == 31 and "AFTER" not in res.stdout, res  # SIGSYS
+        else:
+            assert res.ok and "SKIP" in res.stdout, res
+    add("i386_int80_syscall", """
+        import ctypes, mmap, platform
+        if platform.machine() != 'x86_64':
+            print('SKIP'); raise SystemExit
+        code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])  # mov eax, 20 (i386 getpid); int 0x80; ret
+        mem = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        mem.write(code)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+        print('BEFORE', flush=True)
+        ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+        print('AFTER')
+    """, check_other_abi)
+    add("x32_syscall", _LIBC + textwrap.dedent("""
+        import platform
+        if platform.machine() != 'x86_64':
+            print('SKIP'); raise SystemExit
+        print('BEFORE', flush=True)
+        sys_call(0x40000000 | 39)  # x32 getpid
+        print('AFTER')
+    """), check_other_abi)
 
     def check_clone_ok(res, ctx):
         assert res.ok and _line(res, "CHILD") == "0", res.stdout + res.stderr

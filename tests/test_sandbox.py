@@ -316,3 +316,25 @@ def test_refuses_unconfined_runs_unless_allowed(allowed):
     else:
         refusal = [line for line in out.splitlines() if line.startswith("REFUSED")]
         assert len(refusal) == 1 and "`sandbox.unconfined: true`" in refusal[0], out
+
+
+@pytest.mark.skipif(not sandbox.isolation().namespaces, reason="the minimal root needs namespaces")
+def test_declared_packages_are_importable_and_nothing_else():
+    """Limits.packages binds just those installed packages (read-only) into the root's site-packages."""
+    pytest.importorskip("yaml")
+    code = """
+        import yaml, os
+        print(yaml.safe_dump({'a': 1}).strip())
+        try:
+            import pytest
+        except ImportError as e:
+            print('NO', type(e).__name__)
+        try:
+            open(os.path.join(os.path.dirname(yaml.__file__), 'evil.py'), 'w')
+        except OSError as e:
+            print('RO', e.errno)
+    """
+    r = run(code, limits=Limits(packages=("yaml",)))
+    assert r.ok and r.stdout.splitlines() == ["a: 1", "NO ModuleNotFoundError", "RO 30"], r.stdout + r.stderr
+    r = run("import yaml")
+    assert r.exit_code == 1 and "ModuleNotFoundError: No module named 'yaml'" in r.stderr

@@ -14,7 +14,7 @@ Everything bound in is read-only; symlinks on the way to a bound path (``/lib64 
 recreated so that paths compiled into binaries (the ELF interpreter) still resolve. Nothing else of the
 host exists there: no /home, /root, /etc/passwd, repository, run directory or dataset file.
 
-:func:`root_spec` computes the plan (a few ``stat``\\ s and one ``ldd``); ``confine`` replays it.
+:func:`root_spec` computes the plan (a few ``stat`` calls and one ``ldd``); ``confine`` replays it.
 """
 
 from __future__ import annotations
