@@ -28,7 +28,6 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from atgrpo import sandbox  # noqa: E402
-from atgrpo.sandbox import SandboxPool, run_python  # noqa: E402
 
 CODE = "print(1)"
 

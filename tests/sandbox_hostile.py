@@ -365,7 +365,8 @@ def _cases() -> list:
     add("setsid_double_fork_escape", """
         import os, subprocess, sys
         marker = 'setsid-marker-' + CTX['secret'][-8:]
-        subprocess.Popen([sys.executable, '-c', f'import os, time; os.setsid(); os.fork() or time.sleep(60)  # {marker}'],
+        child = f'import os, time; os.setsid(); os.fork() or time.sleep(60)  # {marker}'
+        subprocess.Popen([sys.executable, '-c', child],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         print('SPAWNED yes')
     """, check_setsid)

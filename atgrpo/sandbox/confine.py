@@ -15,15 +15,13 @@ import os
 import platform
 import resource
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 from contextlib import suppress
 from dataclasses import dataclass
 
 from . import seccomp
-from .root import Bind, RootSpec, package_binds, root_spec
+from .root import Bind, RootSpec
 
 UID_BASE = 1_000_000_000  # sandbox uids (as root): UID_BASE + 64 * parent pid + slot
 _SLOTS = 64               # concurrent runs per parent process
@@ -277,27 +275,3 @@ def _setup(plan: _ChildPlan) -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     _build_root(plan)  # errors here reach the parent as a SubprocessError
     _become_sandboxed(plan)
-
-
-def _probe(mode: str, network: bool) -> str:
-    """Run ``print(1)`` the way ``mode`` would; '' if it works, else why not."""
-    from . import _probe_run  # the run itself lives with run_python
-    try:
-        return _probe_run(Isolation(mode, network, True))
-    except (OSError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
-        return f"{type(e).__name__}: {e}"
-
-
-@functools.cache
-def isolation() -> Isolation:
-    """Probe (once) what this machine lets the sandbox do: as root, mount/PID/network namespaces and a
-    per-run uid; otherwise the same through an unprivileged user namespace."""
-    if seccomp.filter_program() is None or _SYS_PIVOT_ROOT is None:
-        return Isolation("none", False, False, f"no system-call filter for {platform.machine()}")
-    mode = "root" if os.geteuid() == 0 else "userns"
-    why = _probe(mode, network=True)
-    if not why:
-        return Isolation(mode, True, True)
-    if not _probe(mode, network=False):
-        return Isolation(mode, False, True)
-    return Isolation("none", False, True, f"{'namespaces' if mode == 'root' else 'user namespaces'}: {why}")
