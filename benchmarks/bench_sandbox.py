@@ -15,10 +15,12 @@ package) and measures both in alternating rounds, so that a busy machine weighs 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import importlib
 import subprocess
 import sys
@@ -60,6 +62,7 @@ def load_baseline(ref: str):
     """``atgrpo/sandbox`` at git revision ``ref``, imported as a separate package."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     tmp = tempfile.mkdtemp(prefix="atgrpo-bench-baseline-")
+    atexit.register(shutil.rmtree, tmp, True)
     os.chmod(tmp, 0o755)
     pkg = os.path.join(tmp, "atgrpo_sandbox_baseline")
     os.makedirs(pkg)
