@@ -170,7 +170,13 @@ def _build_root(plan: _ChildPlan) -> None:
     spec, root = plan.spec, plan.mountpoint
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # never propagate back to the host
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=755,size=1m,nr_inodes=1024")
+    in_tmp = [d for d in spec.dirs if d.startswith("/tmp/")]  # an interpreter under /tmp: in the private tmpfs
     for d in spec.dirs:
+        if d not in in_tmp:
+            os.mkdir(root + d, 0o755)
+    _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
+           f"mode=1777,size={plan.tmpfs_mb}m,nr_inodes=16384")
+    for d in in_tmp:
         os.mkdir(root + d, 0o755)
     for path, target in spec.links:
         os.symlink(target, root + path)
@@ -186,8 +192,6 @@ def _build_root(plan: _ChildPlan) -> None:
             _bind(root, b)
         if packages:
             _mount(None, root + cover, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV,
-           f"mode=1777,size={plan.tmpfs_mb}m,nr_inodes=16384")
     workdir = root + plan.workdir
     os.mkdir(workdir, 0o700)
     fd = os.open(workdir + "/main.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
