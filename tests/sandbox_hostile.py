@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import time
@@ -303,14 +304,18 @@ def _cases() -> list:
 
     # --- resources, time, processes, network ------------------------------------------------------------------
     def check_fork_bomb(res, ctx):
-        assert not res.ok, res
+        assert not res.ok and _line(res, "LIMIT") == "11", res  # EAGAIN: RLIMIT_NPROC stopped it
+        assert subprocess.run([sys.executable, "-c", "print(7)"], capture_output=True, text=True).stdout == "7\n"
     add("fork_bomb", """
         import os
+        me, told = os.getpid(), False
         while True:
             try:
                 os.fork()
-            except OSError:
-                pass
+            except OSError as e:
+                if os.getpid() == me and not told:
+                    print('LIMIT', e.errno, flush=True)
+                    told = True
     """, check_fork_bomb, timeout=2.0, max_processes=32)
 
     def check_memory(res, ctx):
