@@ -117,9 +117,10 @@ class SandboxPool:
         self.limits = limits
         self._executor = ThreadPoolExecutor(max_workers or os.cpu_count() or 1, thread_name_prefix="sandbox")
 
-    def map(self, jobs: Sequence[Job]) -> list[ExecResult]:
-        """Run ``(code, stdin, timeout)`` jobs; results come back in the order of ``jobs``."""
-        futures = [self._executor.submit(run_python, *job, limits=self.limits) for job in jobs]
+    def map(self, jobs: Sequence[Job], limits: Limits | None = None) -> list[ExecResult]:
+        """Run ``(code, stdin, timeout)`` jobs (under ``limits``, else the pool's); results come back in the order
+        of ``jobs``."""
+        futures = [self._executor.submit(run_python, *job, limits=limits or self.limits) for job in jobs]
         return [f.result() for f in futures]
 
     def close(self) -> None:
