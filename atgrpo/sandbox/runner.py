@@ -53,8 +53,6 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
-
-
 def _rlimits(limits: Limits, timeout: float) -> tuple[tuple[int, int, int], ...]:
     cpu = limits.cpu_seconds or math.ceil(timeout) + 1
     mem, fsize = limits.memory_mb << 20, limits.file_size_mb << 20
@@ -113,9 +111,10 @@ def _run(code: str, stdin: str, timeout: float, limits: Limits, iso: Isolation) 
             args = ([spec.shell, "-c", INIT_SCRIPT, "sh", spec.python, "-I", "main.py"] if confined
                     else [sys.executable, "-I", "main.py"])
             start = time.monotonic()
-            with _explained(status_pipe), subprocess.Popen(args, cwd=None if confined else workdir, env=_env(workdir),
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  start_new_session=True, preexec_fn=functools.partial(_child_main, plan)) as proc:
+            popen = functools.partial(subprocess.Popen, args, cwd=None if confined else workdir, env=_env(workdir),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True, preexec_fn=functools.partial(_child_main, plan))
+            with _explained(status_pipe), popen() as proc:
                 pid_pipe.close_write()
                 status_pipe.close_write()
                 init_fd = _open_init(proc, pid_pipe.r) if confined else None
