@@ -125,6 +125,20 @@ def test_humaneval_canonical_passes_and_wrong_completion_fails():
         make("code", dataset="humaneval").reset(0)
 
 
+@pytest.mark.slow
+def test_humaneval_all_164_canonical_solutions_pass_in_the_sandbox():
+    """The sandbox's minimal root holds everything HumanEval's reference solutions need (standard library
+    only): each of the 164 passes its hidden tests there."""
+    env = make("code", dataset="humaneval", split="eval", cache=False)
+    solved = set()
+    for seed in range(164):
+        env.reset(seed)
+        env.step(env.expert_action("coder"))
+        assert env.success, env.problem.pid
+        solved.add(env.problem.pid)
+    assert len(solved) == 164
+
+
 def test_jsonl_loader_and_missing_file(tmp_path):
     path = tmp_path / "probs.jsonl"
     records = [{"question": "Print the double of the integer n.", "inputs": ["2\n", "5\n"], "outputs": ["4", "10"],
@@ -185,3 +199,20 @@ def test_demo_action_is_a_noisy_expert():
     assert env.demo_action("coder", rng, 0.0) == env.expert_action("coder")
     assert env.demo_action("tester", rng, 0.0) == env.expert_action("tester")
     assert env.demo_action("tester", rng, 1.0) != env.expert_action("tester")
+
+
+def test_declared_packages_reach_the_sandbox_and_only_then(tmp_path):
+    """env.kwargs.packages: the code task's programs may import what the task declares, nothing else."""
+    pytest.importorskip("yaml")
+    from atgrpo.sandbox import isolation
+    if not isolation().namespaces:
+        pytest.skip("the minimal root needs namespaces")
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"question": "Print the double of n.", "inputs": ["2\n", "5\n"],
+                                "outputs": ["4", "10"], "solution": "print(2 * int(input()))"}) + "\n")
+    program = "```python\nimport yaml\nprint(int(input()) * 2)\n```"
+    for packages, solved in ((None, False), (["yaml"], True)):
+        env = make("code", dataset="jsonl", data_path=str(path), split="eval", cache=False, packages=packages)
+        env.reset(0)
+        env.step(program)
+        assert env.success is solved, packages

@@ -166,7 +166,7 @@ def test_wrong_path_program_is_simulated_as_a_wrong_path():
 
 
 # ---- what a program can reach -----------------------------------------------------------------------------
-@pytest.mark.skipif(not isolation().namespaces, reason="hiding atgrpo needs the sandbox's mount namespace (root)")
+@pytest.mark.skipif(not isolation().namespaces, reason="the sandbox cannot isolate programs on this machine")
 def test_program_cannot_import_atgrpo_or_read_the_env_files():
     package = os.path.dirname(os.path.abspath(atgrpo.__file__))
     probe = f"""

@@ -82,3 +82,22 @@ def test_eval_of_a_run_directory(tmp_path, fast_overrides):
     out = _run(tmp_path, "run", fast_overrides + ["train.steps=1"])
     assert main(["eval", str(out), "eval.problems=3", "--quiet"]) == 0
     assert os.path.exists(out / "checkpoint" / "final" / "shared" / "config.json")
+
+
+def test_unconfined_setting_in_the_config(monkeypatch):
+    """sandbox.unconfined: true is read, allows unconfined programs and yields the start-up line."""
+    from atgrpo.sandbox import allow_unconfined
+    from atgrpo.trainer.run import sandbox_note
+
+    assert load_config().sandbox.unconfined is False
+    assert load_config(overrides=["sandbox.unconfined=true"]).sandbox.unconfined is True
+    monkeypatch.delenv("ATGRPO_SANDBOX_UNCONFINED", raising=False)
+    assert sandbox_note(load_config()) is None and "ATGRPO_SANDBOX_UNCONFINED" not in os.environ
+    note = sandbox_note(load_config(overrides=["sandbox.unconfined=true"]))
+    assert "sandbox.unconfined: true" in note and "UNCONFINED" in note and "\n" not in note
+    assert os.environ["ATGRPO_SANDBOX_UNCONFINED"] == "1"
+    allow_unconfined(False)
+    allow_unconfined()
+    assert os.environ["ATGRPO_SANDBOX_UNCONFINED"] == "1"
+    allow_unconfined(False)
+    assert "ATGRPO_SANDBOX_UNCONFINED" not in os.environ

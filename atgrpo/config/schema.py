@@ -221,6 +221,13 @@ class LoggingConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """The sandbox that runs the programs agents write (atgrpo.sandbox; docs/reliability.md)."""
+
+    unconfined: bool = False  # where nothing can isolate programs (no namespaces), run them anyway, unconfined
+
+
+@dataclass
 class Config:
     seed: int = 0
     env: EnvConfig = field(default_factory=EnvConfig)
@@ -233,6 +240,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -61,13 +61,15 @@ class CodeEnv(MultiAgentEnv):
     def __init__(self, dataset: str = "generated", max_turns: int = 3, style: str = "chat", split: str = "train",
                  roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
                  parallel: bool = True, cache: bool = True, data_files: str | list[str] | None = None,
-                 eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None):
+                 eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None,
+                 packages: list[str] | None = None):
         """``timeout``: seconds per program run (hidden test, tester case, reference); ``data_path``: the file of
         ``dataset="jsonl"``; ``parallel``: run the cases of one step on the shared sandbox pool (else one by
         one); ``cache``: reuse results of (program, input) pairs already run. ``dataset="files"``: problems from
         ``data_files`` (JSON, JSONL, Parquet or CSV, read with ``datasets``; ``eval_data_files`` for the
         evaluation split, else the same files), columns question, inputs, outputs, solution renamed by
-        ``columns`` ({field: column})."""
+        ``columns`` ({field: column}). ``packages``: installed packages the programs may import in the sandbox
+        (none by default: the standard library only)."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown code dataset {dataset!r}; valid: {', '.join(DATASETS)}")
@@ -82,6 +84,7 @@ class CodeEnv(MultiAgentEnv):
         if (eval_data_files is not None or columns is not None) and dataset != "files":
             raise ValueError("eval_data_files and columns go with dataset='files'")
         self.dataset, self.split, self.timeout = dataset, split, float(timeout)
+        self.packages = tuple(packages or ())
         self.parallel, self.cache = parallel, cache
         self._problems: tuple[Problem, ...] = ()
         if dataset in ("jsonl", "files"):
@@ -138,7 +141,8 @@ class CodeEnv(MultiAgentEnv):
             return [(False, self.program_error)] * len(tests)
         fm = self.problem.function_mode
         code = self.problem.io_program(self.program)
-        results = run_jobs([(code, inp, self.timeout) for inp, _ in tests], self.parallel, self.cache)
+        results = run_jobs([(code, inp, self.timeout) for inp, _ in tests], self.parallel, self.cache,
+                           packages=self.packages)
         return [(passed(r, exp, fm), describe_failure(r)) for r, (_, exp) in zip(results, tests)]
 
     def _hidden_pass_ratio(self) -> float:
@@ -146,7 +150,8 @@ class CodeEnv(MultiAgentEnv):
         if self.program_error is not None:
             return 0.0
         if p.check is not None:
-            r = run_jobs([(p.check_program(self.program), "", self.timeout)], self.parallel, self.cache)[0]
+            r = run_jobs([(p.check_program(self.program), "", self.timeout)], self.parallel, self.cache,
+                         packages=self.packages)[0]
             return 1.0 if r.ok else 0.0
         return sum(ok for ok, _ in self._run(list(p.tests))) / len(p.tests)
 
@@ -182,7 +187,7 @@ class CodeEnv(MultiAgentEnv):
         jobs = [(ref_code, inp, self.timeout) for inp, _ in tests]
         if self.program_error is None:
             jobs += [(prog_code, inp, self.timeout) for inp, _ in tests]
-        results = run_jobs(jobs, self.parallel, self.cache)
+        results = run_jobs(jobs, self.parallel, self.cache, packages=self.packages)
         valid = [r.ok and outputs_match(exp, r.stdout, fm) for r, (_, exp) in zip(results, tests)]
         if self.program_error is None:
             runs = [(passed(r, exp, fm), describe_failure(r)) for r, (_, exp) in zip(results[len(tests):], tests)]

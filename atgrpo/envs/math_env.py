@@ -79,18 +79,21 @@ class MathEnv(MultiAgentEnv):
     def __init__(self, dataset: str = "arithmetic", max_turns: int = 3, style: str = "chat", split: str = "train",
                  roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
                  dataset_kwargs: dict[str, Any] | None = None, data_files: str | list[str] | None = None,
-                 eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None):
+                 eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None,
+                 packages: list[str] | None = None):
         """``dataset_kwargs``: passed to ``reasoning_gym.create_dataset`` (e.g. ``{"max_terms": 3,
         "max_digits": 2}`` for arithmetic); ``data_path``: the JSONL file of ``dataset="jsonl"``.
         ``dataset="files"``: problems for training and evaluation from ``data_files`` (JSON, JSONL, Parquet or
         CSV, read with ``datasets``; ``eval_data_files`` for the evaluation split, else the same files), columns
-        problem and answer renamed by ``columns`` ({field: column})."""
+        problem and answer renamed by ``columns`` ({field: column}). ``packages``: installed packages the tool
+        agent's programs may import in the sandbox (none by default: the standard library only)."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown math dataset {dataset!r}; valid: {', '.join(DATASETS)}")
         if not timeout > 0:
             raise ValueError(f"math timeout must be > 0 seconds, got {timeout}")
         self.dataset, self.split, self.timeout = dataset, split, float(timeout)
+        self.packages = tuple(packages or ())
         self.dataset_kwargs = dict(dataset_kwargs or {})
         self.records: tuple[Problem, ...] = ()
         if dataset == "jsonl":
@@ -142,7 +145,7 @@ class MathEnv(MultiAgentEnv):
         info: dict[str, Any] = {}
         run = None
         if agent == "tool":
-            run = run_program(text, self.timeout)
+            run = run_program(text, self.timeout, packages=self.packages)
             code, answer, crashed = run.code, run.last_line and run.last_line[:MAX_ANSWER_CHARS + 1], run.crashed
             info.update(crashed=crashed, exit_code=run.exit_code, timed_out=run.timed_out)
         else:

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..sandbox import ExecResult, SandboxPool, run_python
+from ..sandbox import ExecResult, Limits, SandboxPool, run_python
 
 MAX_TEXT_CHARS = 20_000  # longer answers are cut before the program is read
 TAIL_CHARS = 400  # stdout / stderr kept for prompts
@@ -63,9 +63,10 @@ _pool: SandboxPool | None = None
 _pool_lock = threading.Lock()
 
 
-def _key(job: Job) -> str:
+def _key(job: Job, packages: tuple[str, ...] = ()) -> str:
     code, stdin, timeout = job
-    return hashlib.sha256(f"{timeout}\0{len(code)}\0{code}\0{stdin}".encode("utf-8", "replace")).hexdigest()
+    text = f"{timeout}\0{','.join(packages)}\0{len(code)}\0{code}\0{stdin}"
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
 
 
 def clear_cache() -> None:
@@ -82,10 +83,13 @@ def shared_pool() -> SandboxPool:
         return _pool
 
 
-def run_jobs(jobs: Sequence[Job], parallel: bool = True, cache: bool = True,
-             cache_timeouts: bool = False) -> list[ExecResult]:
-    """Run (code, stdin, timeout) jobs in the sandbox; results in the order of ``jobs``."""
-    keys = [_key(j) for j in jobs]
+def run_jobs(jobs: Sequence[Job], parallel: bool = True, cache: bool = True, cache_timeouts: bool = False,
+             packages: Sequence[str] = ()) -> list[ExecResult]:
+    """Run (code, stdin, timeout) jobs in the sandbox; results in the order of ``jobs``. ``packages``: installed
+    packages the programs may import (the task's declaration, ``Limits.packages``; none by default)."""
+    packages = tuple(packages)
+    limits = Limits(packages=packages) if packages else None
+    keys = [_key(j, packages) for j in jobs]
     results: dict[str, ExecResult] = {}
     if cache:
         with _cache_lock:
@@ -96,7 +100,8 @@ def run_jobs(jobs: Sequence[Job], parallel: bool = True, cache: bool = True,
     todo = {k: j for k, j in zip(keys, jobs) if k not in results}  # also drops duplicates within the batch
     if todo:
         batch = list(todo.values())
-        done = shared_pool().map(batch) if parallel and len(batch) > 1 else [run_python(*j) for j in batch]
+        done = (shared_pool().map(batch, limits) if parallel and len(batch) > 1
+                else [run_python(*j, limits=limits) for j in batch])
         for k, r in zip(todo, done):
             results[k] = r
         if cache:
@@ -151,12 +156,12 @@ class ProgramRun:
         return f"exit{self.exit_code}" if self.exit_code is not None else "killed"
 
 
-def run_program(text: str, timeout: float, tail: int = TAIL_CHARS) -> ProgramRun:
+def run_program(text: str, timeout: float, tail: int = TAIL_CHARS, packages: Sequence[str] = ()) -> ProgramRun:
     """Read the program from ``text`` (``extract_code``) and run it (cached, timeouts included)."""
     code, _ = extract_code(text)
     if not code.strip():
         return ProgramRun("", None, False, "", "", None)
-    res = run_jobs([(code, "", timeout)], parallel=False, cache_timeouts=True)[0]
+    res = run_jobs([(code, "", timeout)], parallel=False, cache_timeouts=True, packages=packages)[0]
     lines = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
     stderr = re.sub(r'File "[^"]*main\.py"', 'File "main.py"', res.stderr)  # no sandbox paths: reproducible
     return ProgramRun(code, res.exit_code, res.timed_out, res.stdout[-tail:], stderr[-tail:],

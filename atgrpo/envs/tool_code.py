@@ -51,9 +51,10 @@ class ToolCodeMixin:
             raise ValueError(f"{self.name} timeout must be > 0 seconds, got {timeout}")
         self.timeout = float(timeout)
         if self.tool_mode == "code" and "tool" in self.agents and not isolation().namespaces:
-            warnings.warn(f"{self.name} tool_mode='code': this machine gives the sandbox no mount namespace (run "
-                          "as root with CAP_SYS_ADMIN for one), so tool programs can import and read atgrpo, "
-                          "the environment's solver included", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{self.name} tool_mode='code': the sandbox cannot isolate programs on this machine "
+                          f"({isolation().reason}); tool programs are refused unless sandbox.unconfined: true, and "
+                          "then they can import and read atgrpo, the environment's solver included",
+                          RuntimeWarning, stacklevel=3)
 
     def _read_tool(self, agent: str, text: str) -> tuple[str, ProgramRun | None]:
         """The text the game parses: in code mode, for the tool, the last printed line of its program ('' when

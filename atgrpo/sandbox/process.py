@@ -12,7 +12,6 @@ import time
 from contextlib import contextmanager, suppress
 from typing import Iterator
 
-from .confine import _UIDS
 
 
 def _env(workdir: str) -> dict[str, str]:
@@ -25,24 +24,20 @@ def _env(workdir: str) -> dict[str, str]:
 
 
 @contextmanager
-def _workspace(code: str, drop_privileges: bool) -> Iterator[tuple[str, int | None]]:
-    """A fresh working directory holding ``main.py`` (owned by a fresh sandbox uid)."""
-    uid = _UIDS.acquire() if drop_privileges else None
-    workdir = None
+def _workspace(code: str, confined: bool) -> Iterator[str]:
+    """The program's working directory. Confined, a fresh name in the sandbox's private /tmp (the init
+    creates it there and writes ``main.py``; nothing is made on the host); unconfined, a fresh host
+    directory holding ``main.py``, removed afterwards."""
+    if confined:
+        yield f"/tmp/atgrpo-sbx-{os.urandom(6).hex()}"
+        return
+    workdir = tempfile.mkdtemp(prefix="atgrpo-sbx-")
     try:
-        workdir = tempfile.mkdtemp(prefix="atgrpo-sbx-")
-        script = os.path.join(workdir, "main.py")
-        with open(script, "w", encoding="utf-8") as f:
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-            os.chown(script, uid, uid)
-        yield workdir, uid
+        yield workdir
     finally:
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
-        if uid is not None:
-            _UIDS.release(uid)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 class _Pipe:
@@ -62,17 +57,22 @@ class _Pipe:
                 os.close(fd)
 
 
-def _program_returncode(proc: subprocess.Popen, status_r: int, namespaces: bool) -> int:
-    """Popen-style return code of the program itself (negative: killed by that signal)."""
-    if not namespaces:
+def _program_returncode(proc: subprocess.Popen, status_r: int, confined: bool) -> int:
+    """Popen-style return code of the program itself (negative: killed by that signal).
+
+    Confined, the outer waiter reports the wait status of the namespace's init, /bin/sh, which exits
+    with the program's status: 128 + n when the program was killed by signal n (so a program that
+    exits with 129..192 itself reads as killed by a signal)."""
+    if not confined:
         return proc.returncode
     os.set_blocking(status_r, False)
     status = b""
     with suppress(BlockingIOError):
         status = os.read(status_r, 4)
-    if len(status) < 4:  # the init was killed (by us) before it could report
+    if len(status) < 4:  # the waiter was killed before it could report
         return -signal.SIGKILL
-    return os.waitstatus_to_exitcode(int.from_bytes(status, "little"))
+    code = os.waitstatus_to_exitcode(int.from_bytes(status, "little"))
+    return -(code - 128) if 128 < code <= 128 + 64 else code
 
 
 def _open_init(proc: subprocess.Popen, pid_fd: int) -> int | None:

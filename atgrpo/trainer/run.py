@@ -63,12 +63,27 @@ def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def sandbox_note(cfg: Config) -> str | None:
+    """With ``sandbox.unconfined: true``, allow unconfined programs (through the environment, so that Ray's
+    environment workers see it too) and return the start-up line that says so."""
+    if not cfg.sandbox.unconfined:
+        return None
+    from ..sandbox import allow_unconfined
+
+    allow_unconfined()
+    return ("atgrpo: sandbox.unconfined: true -- where this machine cannot isolate programs, the programs the "
+            "agents write run UNCONFINED (they can read and write your files and reach the network)")
+
+
 def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Run a whole training (``resume``: continue the run in ``run_dir`` from its last checkpoint); returns the
     summary (also written to summary.json). Raises ``RunDirInUse`` when another run holds ``run_dir``,
     ``TrainingInterrupted`` after a stop signal, ``NonFiniteError`` after too many non-finite updates."""
     check_model_path(cfg)
     check_run_dir(run_dir)
+    note = sandbox_note(cfg)
+    if note:
+        _warn(note)
     created = not os.path.exists(run_dir)
     had_lock = os.path.exists(os.path.join(run_dir, LOCK_FILE))
     with RunLock(run_dir) as lock, StopOnSignal() as stop:
