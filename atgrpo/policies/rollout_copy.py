@@ -2,17 +2,22 @@
 own copy of the weights.
 
 The trainer keeps float32 master weights (and AdamW states) and runs its forward and backward under bfloat16
-autocast (``precision.py``). Autocast casts every weight again at every forward, which for decoding (one forward
-per new token) costs more than it saves. So sampling runs on a separate copy whose parameters are bfloat16
-tensors: made once (``RolloutCopies``), refreshed in place after every update (``refresh``: only the
-parameters that train, so for per-role LoRA (L2) only the role's adapter; a frozen base is cast once), never
-re-cast while decoding. The tree sampler, the KV cache and cascade attention run on it unchanged. Buffers (the
-rotary frequencies) stay float32: cast to bfloat16 they would put the angles of long positions off by radians.
+autocast (``precision.py``): every linear layer's input and weight are cast to bfloat16, the residual stream,
+the normalisations and the LM head stay float32. Autocast casts every weight again at every forward, which for
+decoding (one forward per new token) costs more than the bfloat16 matmul saves. So sampling runs on a separate
+copy (``RolloutCopies``) whose linear layers hold their weights in bfloat16 already: it runs under the same
+autocast, which finds nothing left to cast, and so computes what the trainer computes (scored side by side on
+SmolLM2-135M: the same log-probs to the last bit), without the casts. The copy is made once and refreshed in
+place after every update (``refresh``: only the parameters that train, so for per-role LoRA (L2) only the
+role's adapter; the frozen base is cast once, and the roles share it). The embeddings, the norms and the LM head
+stay float32, as under autocast: a bfloat16 head rounds logits near 20 to steps of 0.125 (on SmolLM2 that alone
+put the copy's log-probs 0.024 from the trainer's on average), a bfloat16 residual stream drifts further (0.039).
 
-The loss must not see the copy's log-probs: the update's importance ratio is computed against the trainer's
-model, so every sampled response is scored again by the trainer (``rollout.logprob_gap.trainer_logprobs``,
-shared-prefix, one forward per prompt group) and the copy's log-probs only feed ``rollout/logprob_gap/<policy>``.
-Greedy decoding (evaluation) needs no log-probs and so no rescoring.
+The loss does not take the copy's log-probs on trust: every sampled response is scored again by the trainer's
+model (``rollout.logprob_gap.trainer_logprobs``, shared-prefix, one forward per prompt group), and the copy's
+log-probs only feed ``rollout/logprob_gap/<policy>`` (cascade decoding and the packed scoring pass round
+differently in bfloat16, so the gap is small, not zero). Greedy decoding (evaluation) needs no log-probs and so
+no rescoring.
 """
 
 from __future__ import annotations
@@ -33,19 +38,25 @@ def _root(model: torch.nn.Module) -> torch.nn.Module:
     return model.__dict__.get("peft", model)
 
 
-def _strip_autocast(root: torch.nn.Module) -> None:
-    """Undo ``precision.apply_autocast`` on a copy (on whichever of its modules it was applied: the model, its LM
-    head; under peft the wrapped base model): the copy's weights are bfloat16 already, so every module runs as
-    its class defines it, with no per-forward casts."""
+def _under_autocast(root: torch.nn.Module) -> bool:
+    """Whether ``precision.apply_autocast`` wrapped some module of ``root`` (the model; under peft its base)."""
+    return any("atgrpo_autocast" in m.__dict__ for m in root.modules())
+
+
+def _cast_linear_weights(root: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every linear layer's weight and bias to ``dtype`` (what autocast would cast them to at each forward), but
+    the LM head's: it runs in float32 under autocast (and is the input embedding too when the two are tied)."""
+    head = root.get_output_embeddings()
     for m in root.modules():
-        if "atgrpo_autocast" in m.__dict__ or "atgrpo_device_type" in m.__dict__:
-            for attr in ("forward", "atgrpo_autocast", "atgrpo_device_type"):
-                m.__dict__.pop(attr, None)
+        if isinstance(m, torch.nn.Linear) and m is not head:
+            for p in (m.weight, m.bias):
+                if p is not None:
+                    p.data = p.data.to(dtype)
 
 
 class CopyPolicy:
     """A policy's rollout view (a ``protocol.Policy``): samples with ``sampler`` (the trainer policy's class on the
-    bfloat16 copy), and returns the trainer's log-probs of what it sampled (``policy``: the trainer's)."""
+    copy), and returns the trainer's log-probs of what it sampled (``policy``: the trainer's)."""
 
     def __init__(self, policy: TrainablePolicy, sampler: TrainablePolicy, gap: LogprobGap, token_budget: int):
         self.policy, self.sampler, self.gap, self.token_budget = policy, sampler, gap, token_budget
@@ -75,7 +86,8 @@ class CopyPolicy:
 
 
 class RolloutCopies:
-    """The bfloat16 copies of ``policies`` (policy id -> trainer policy) and their rollout views (``views``).
+    """The rollout copies of ``policies`` (policy id -> trainer policy, each under bfloat16 autocast) and their
+    rollout views (``views``).
 
     Policies that share one module (L2's adapters on one peft model) share one copy: all of them are deep-copied
     with one memo, so the copy keeps the sharing. ``refresh(pids)`` brings the copies of ``pids`` up to the
@@ -89,22 +101,23 @@ class RolloutCopies:
         self.views: dict[str, CopyPolicy] = {}
         for pid in sorted(policies):
             trainer = policies[pid]
+            if not _under_autocast(_root(trainer.model)):
+                raise ValueError(f"policy {pid!r}: a rollout copy needs the trainer's model under bfloat16 autocast "
+                                 f"(precision.apply_autocast), so that both compute the same")
             sampler = copy.copy(trainer)  # same class, tokenizer and settings; its own model below
-            sampler.model = copy.deepcopy(trainer.model, memo)
+            sampler.model = copy.deepcopy(trainer.model, memo)  # the autocast wrappers come along, rebound
             self.views[pid] = CopyPolicy(trainer, sampler, self.gap, token_budget)
-        roots = {id(_root(v.sampler.model)): _root(v.sampler.model) for v in self.views.values()}
-        for root in roots.values():
-            _strip_autocast(root)
-            with torch.no_grad():
-                for p in root.parameters():
-                    p.data = p.data.to(dtype)
-                    p.requires_grad_(False)
+        for root in {id(_root(v.sampler.model)): _root(v.sampler.model) for v in self.views.values()}.values():
+            _cast_linear_weights(root, dtype)
+            for p in root.parameters():
+                p.requires_grad_(False)
             root.eval()
         self.refresh_s = {"all": time.perf_counter() - t}
 
     @torch.no_grad()
     def refresh(self, pids: Sequence[str]) -> None:
-        """Copy the trainer's current trainable weights of ``pids`` into their bfloat16 copies, in place."""
+        """Copy the trainer's current trainable weights of ``pids`` into their copies (cast to the copy's dtypes),
+        in place."""
         for pid in pids:
             t = time.perf_counter()
             view = self.views[pid]
