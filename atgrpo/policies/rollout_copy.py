@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ..rollout.logprob_gap import LogprobGap, trainer_logprobs
+from ..rollout.logprob_gap import LogprobGap, RescoredView
 from .causal_lm import Completion
 from .protocol import TrainablePolicy
 
@@ -54,35 +54,18 @@ def _cast_linear_weights(root: torch.nn.Module, dtype: torch.dtype) -> None:
                     p.data = p.data.to(dtype)
 
 
-class CopyPolicy:
-    """A policy's rollout view (a ``protocol.Policy``): samples with ``sampler`` (the trainer policy's class on the
-    copy), and returns the trainer's log-probs of what it sampled (``policy``: the trainer's)."""
+class CopyPolicy(RescoredView):
+    """A policy's rollout view: samples with ``sampler`` (the trainer policy's class on the copy) and returns the
+    trainer's log-probs of what it sampled (``policy``: the trainer's)."""
 
     def __init__(self, policy: TrainablePolicy, sampler: TrainablePolicy, gap: LogprobGap, token_budget: int):
-        self.policy, self.sampler, self.gap, self.token_budget = policy, sampler, gap, token_budget
-        self.policy_id = policy.policy_id
-        self.recompute_s = 0.0
-
-    def __getattr__(self, name: str):  # tokenizer, eos_id ...: the trainer's policy
-        return getattr(self.__dict__["policy"], name)
-
-    def render(self, prompt) -> str:
-        return self.policy.render(prompt)
-
-    def encode(self, text: str) -> list[int]:
-        return self.policy.encode(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.policy.decode(ids)
+        super().__init__(policy, gap, token_budget)
+        self.sampler = sampler
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
-        comps = self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator)
-        if temperature > 0 and comps:
-            t = time.perf_counter()
-            trainer_logprobs(self.policy, prompt_ids, comps, temperature, self.gap, self.token_budget)
-            self.recompute_s += time.perf_counter() - t
-        return comps
+        return self.rescore(prompt_ids, self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator),
+                            temperature)
 
 
 class RolloutCopies:

@@ -10,7 +10,9 @@ only measure the difference: ``LogprobGap`` keeps mean and max ``|sampler - trai
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -62,3 +64,35 @@ def trainer_logprobs(policy: TrainablePolicy, prompt_ids: list[list[int]], comps
                 c.logprobs = mine.tolist()
     finally:
         policy.model.train(was_training)
+
+
+class RescoredView:
+    """The base of a rollout view that samples elsewhere (a ``protocol.Policy``): prompts are rendered, encoded and
+    decoded by the trainer's ``policy`` (its other attributes too: tokenizer, eos_id ...), and ``rescore`` puts the
+    trainer's log-probs into what was sampled, timing itself (``recompute_s``). Subclasses define ``generate``."""
+
+    def __init__(self, policy: TrainablePolicy, gap: LogprobGap, token_budget: int = 16384):
+        self.policy, self.gap, self.token_budget = policy, gap, token_budget
+        self.policy_id = policy.policy_id
+        self.recompute_s = 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["policy"], name)
+
+    def render(self, prompt) -> str:
+        return self.policy.render(prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return self.policy.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.policy.decode(ids)
+
+    def rescore(self, prompt_ids: list[list[int]], comps: list[list[Completion]], temperature: float
+                ) -> list[list[Completion]]:
+        """``comps`` with the trainer's log-probs (sampled ones: ``temperature > 0``; greedy has none)."""
+        if temperature > 0 and comps:
+            t = time.perf_counter()
+            trainer_logprobs(self.policy, prompt_ids, comps, temperature, self.gap, self.token_budget)
+            self.recompute_s += time.perf_counter() - t
+        return comps

@@ -31,7 +31,7 @@ import torch
 
 from ..policies.causal_lm import Completion
 from ..policies.protocol import TrainablePolicy
-from .logprob_gap import LogprobGap, trainer_logprobs
+from .logprob_gap import LogprobGap, RescoredView
 
 PYTHON_ENV = "ATGRPO_VLLM_PYTHON"  # the Python that runs the engine, when rollout.vllm.python is not set
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_server.py")
@@ -226,7 +226,7 @@ def lora_rank_limit(rank: int) -> int:
     raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank ({LORA_RANKS[-1]})")
 
 
-class EnginePolicy:
+class EnginePolicy(RescoredView):
     """A policy's rollout view (a ``policies.protocol.Policy``): renders and encodes as ``policy``, samples on
     ``engine`` (with ``adapter``, a ``(name, id, path)`` triple, for per-role LoRA), and returns the trainer's
     log-probs of the sampled tokens (recomputed with ``policy.model``, shared-prefix, ``token_budget`` padded
@@ -234,22 +234,8 @@ class EnginePolicy:
 
     def __init__(self, policy: TrainablePolicy, engine: VLLMEngine, gap: LogprobGap, adapter=None,
                  token_budget: int = 16384):
-        self.policy, self.engine, self.gap, self.adapter = policy, engine, gap, adapter
-        self.token_budget = token_budget
-        self.policy_id = policy.policy_id
-        self.recompute_s = 0.0
-
-    def __getattr__(self, name: str):  # tokenizer, eos_id ...: the trainer's policy
-        return getattr(self.__dict__["policy"], name)
-
-    def render(self, prompt) -> str:
-        return self.policy.render(prompt)
-
-    def encode(self, text: str) -> list[int]:
-        return self.policy.encode(text)
-
-    def decode(self, ids) -> str:
-        return self.policy.decode(ids)
+        super().__init__(policy, gap, token_budget)
+        self.engine, self.adapter = engine, adapter
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
@@ -261,8 +247,4 @@ class EnginePolicy:
                                     None if self.adapter is None else [self.adapter] * len(prompt_ids))
         comps = [[Completion(list(ids), list(lps), self.policy.decode(ids), fin) for ids, lps, fin in row]
                  for row in rows]
-        if temperature > 0:
-            t = time.perf_counter()
-            trainer_logprobs(self.policy, prompt_ids, comps, temperature, self.gap, self.token_budget)
-            self.recompute_s += time.perf_counter() - t
-        return comps
+        return self.rescore(prompt_ids, comps, temperature)
