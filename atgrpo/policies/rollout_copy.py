@@ -11,7 +11,8 @@ SmolLM2-135M: the same log-probs to the last bit), without the casts. The copy i
 place after every update (``refresh``: only the parameters that train, so for per-role LoRA (L2) only the
 role's adapter; the frozen base is cast once, and the roles share it). The embeddings, the norms and the LM head
 stay float32, as under autocast: a bfloat16 head rounds logits near 20 to steps of 0.125 (on SmolLM2 that alone
-put the copy's log-probs 0.024 from the trainer's on average), a bfloat16 residual stream drifts further (0.039).
+put the copy's log-probs 0.024 from the trainer's on average), a whole model in bfloat16 drifts further (0.047;
+``benchmarks/copy_gap.py``).
 
 The loss does not take the copy's log-probs on trust: every sampled response is scored again by the trainer's
 model (``rollout.logprob_gap.trainer_logprobs``, shared-prefix, one forward per prompt group), and the copy's
