@@ -242,7 +242,8 @@ def write_report(out_dir: str, name: str, result: dict, rows: list[tuple], heade
     lines = [f"## {name}", "",
              f"{sh['prompts']} prompts x {sh['prompt_len'][0]}-{sh['prompt_len'][1]} tokens, K={sh['K']}, "
              f"{sh['new_tokens']} new tokens, median of {sh['reps']} interleaved reps; "
-             f"{m['nproc']} x {m['cpu_model']}, torch {m['torch']}, {m['torch_threads']} threads", "",
+             f"{m['nproc']} x {m['cpu_model']} (bfloat16 units: {', '.join(m.get('bf16_units') or []) or 'none'}), "
+             f"torch {m['torch']}, {m['torch_threads']} threads", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_fmt(x) for x in row) + " |" for row in rows]
     lines += [""] + [f"- {n}" for n in notes] + [""]
