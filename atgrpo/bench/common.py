@@ -207,6 +207,19 @@ def matmul_peaks(n: int = 2048) -> dict[str, float]:
     return {"float32": matmul_peak_flops(n), "bfloat16": matmul_peak_flops(n, dtype=torch.bfloat16)}
 
 
+def mfu(flops: float, seconds: float, precision: str, peaks: dict[str, float], cpu: dict) -> float | None:
+    """Model FLOPs utilisation against the matmul peak of ``precision``; None for bfloat16 on a CPU that emulates
+    it: its measured "peak" depends on the shape far more than any real one does, so the ratio means nothing."""
+    if precision == "bfloat16" and not cpu["bf16_units"]:
+        return None
+    return flops / seconds / peaks[precision]
+
+
+def percent(x: float | None) -> float | str:
+    """A share as a percentage for a report's table; "-" where there is none."""
+    return "-" if x is None else 100 * x
+
+
 def peaks_note(peaks: dict[str, float], cpu: dict) -> str:
     """One line for a report: the CPU, its bfloat16 units and both matmul peaks."""
     units = ", ".join(cpu["bf16_units"]) or "none: bfloat16 is emulated"

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks,
-                     peaks_note, shape_dict, summarize, suppress_eos, write_report)
+from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks, mfu,
+                     peaks_note, percent, shape_dict, summarize, suppress_eos, write_report)
 
 
 def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: str | None = None,
@@ -84,7 +84,7 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
         hook.remove()
     expect = P * K * T
     assert all(c == expect for c in counts.values()), f"unequal token counts {counts}, expected {expect} each"
-    peaks = matmul_peaks(peak_n)
+    peaks, cpu = matmul_peaks(peak_n), machine()
     n_params = policy.num_parameters()
     prompt_tokens = sum(map(len, prompts))
     flops = {"tree": 2 * n_params * (prompt_tokens + expect), "naive_loop": 2 * n_params * (K * prompt_tokens + expect),
@@ -94,12 +94,11 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
     for m in methods:
         res[m]["precision"] = "bfloat16" if m == "tree_bf16_copy" else "float32"
         res[m]["model_flops"] = flops[m]
-        res[m]["mfu"] = flops[m] / res[m]["median_s"] / peaks[res[m]["precision"]]
+        res[m]["mfu"] = mfu(flops[m], res[m]["median_s"], res[m]["precision"], peaks, cpu)
     ratios = {f"tree_vs_{m}": res[m]["median_s"] / res["tree"]["median_s"] for m in methods
               if m not in ("tree", "tree_bf16_copy")}
     if "tree_bf16_copy" in res:
         ratios["tree_bf16_copy_vs_tree"] = res["tree"]["median_s"] / res["tree_bf16_copy"]["median_s"]
-    cpu = machine()
     bf16_native = bool(cpu["bf16_units"])
     targets = {"tree_vs_naive_loop": 8.0, "tree_vs_hf_generate": 2.5}
     if bf16_native:  # on a CPU that emulates bfloat16 the copy is slower: no target there
@@ -109,7 +108,7 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
               "matmul_peak_flops": peaks["float32"], "matmul_peaks": peaks, "logprob_gap": gap, "params": n_params,
               "command": command}
     rows = [(m, res[m]["precision"], expect, res[m]["median_s"], res[m]["tokens_per_s"], res["tree"]["tokens_per_s"] /
-             res[m]["tokens_per_s"], 100 * res[m]["mfu"]) for m in methods]
+             res[m]["tokens_per_s"], percent(res[m]["mfu"])) for m in methods]
     notes = [f"{k.replace('_vs_', ' vs ')}: {v:.2f}x" + (f" (target >= {targets[k]:g}x)" if k in targets else "")
              for k, v in ratios.items()]
     if gap:

@@ -17,8 +17,8 @@ import torch
 from ..algorithms.losses import policy_loss
 from ..config import AlgoConfig
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
-from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks, peaks_note,
-                     response_token_range, shape_dict, summarize, write_report)
+from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks, mfu,
+                     peaks_note, percent, response_token_range, shape_dict, summarize, write_report)
 
 
 def make_batch(shape: Shape, policy) -> tuple[list[list[int]], list[list[int]]]:
@@ -102,7 +102,7 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
         return f
 
     times = interleaved({m: run(pol, shared) for m, (pol, shared, _) in runs.items()}, shape.reps, shape.warmup)
-    peaks = matmul_peaks(peak_n)
+    peaks, cpu = matmul_peaks(peak_n), machine()
     peak = peaks["float32"]
     tokens = sum(len(r) for r in responses)
     res = {}
@@ -110,7 +110,7 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
         res[m] = summarize(times[m], tokens)
         res[m]["precision"] = precision
         res[m]["model_flops"] = model_flops(policy, prompts, responses, shared)
-        res[m]["mfu"] = res[m]["model_flops"] / res[m]["median_s"] / peaks[precision]
+        res[m]["mfu"] = mfu(res[m]["model_flops"], res[m]["median_s"], precision, peaks, cpu)
     speedup = res["per_sample"]["median_s"] / res["shared_prefix"]["median_s"]
     flop_bound = res["per_sample"]["model_flops"] / res["shared_prefix"]["model_flops"]
     # the tiny preset's target; a real model's shape has its own FLOP bound (SmolLM2 preset: 3.6x), the report
@@ -120,7 +120,6 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
     notes = [f"shared-prefix vs per-sample: {speedup:.2f}x, {100 * speedup / flop_bound:.0f}% of the FLOP bound "
              f"{flop_bound:.2f}x" + (" (target >= 4.5x)" if targets else ""),
              f"gradients: max |diff| {diff:.2e} (max |grad| {scale:.2e}); losses {losses}"]
-    cpu = machine()
     if bf16_rel is not None:
         ratios["shared_prefix_bf16_vs_shared_prefix"] = (res["shared_prefix"]["median_s"]
                                                         / res["shared_prefix_bf16"]["median_s"])
@@ -134,7 +133,7 @@ def bench_update(shape: Shape, out_dir: str, name: str = "update", command: str 
               "grad_rel_diff_bf16": bf16_rel, "loss": losses, "grads_equal": diff <= 1e-5 + 1e-4 * scale,
               "params": policy.num_parameters(), "command": command}
     rows = [(m, res[m]["precision"], tokens, res[m]["median_s"], res[m]["tokens_per_s"], res[m]["model_flops"] / 1e9,
-             100 * res[m]["mfu"]) for m in res]
+             percent(res[m]["mfu"])) for m in res]
     write_report(out_dir, name, result, rows, ("method", "precision", "response tokens", "median s", "tokens/s",
                                                "GFLOP", "MFU %"),
                  notes + [peaks_note(peaks, cpu), f"params {policy.num_parameters()}; model {shape.model}"])
