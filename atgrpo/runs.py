@@ -100,15 +100,16 @@ class RunRecord:
 
     @property
     def agents(self) -> list[str]:
-        """The roles, in the order their reward first appears in the metrics (then in the transcripts)."""
-        seen: dict[str, None] = {}
+        """The roles in turn order (summary.json's agent -> policy map, else the order they act in the held-out
+        transcripts), then any other role with a reward in the metrics."""
+        seen: dict[str, None] = dict.fromkeys((self.summary or {}).get("agent_to_policy") or {})
+        for ep in self.transcripts:
+            for t in ep.get("transcript", []):
+                seen.setdefault(str(t.get("agent", "?")), None)
         for row in self.metrics:
             for k in row:
                 if k.startswith("rollout/reward/"):
                     seen.setdefault(k.split("/", 2)[2], None)
-        for ep in self.transcripts:
-            for t in ep.get("transcript", []):
-                seen.setdefault(t.get("agent", "?"), None)
         return list(seen)
 
     def metric_names(self) -> list[str]:
