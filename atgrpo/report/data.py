@@ -1,9 +1,9 @@
 """What the report page embeds: run records (``atgrpo.runs``) turned into one JSON-able dict, within a size budget.
 
 Every step's metrics are kept. Trees (rollouts/step_<N>.jsonl) are kept for a sample of the dumped steps: the
-first, the last and evenly spaced ones between, as many as fit ``TREE_BUDGET`` bytes (measured on the rollout
-files, which repeat each prompt K times and so are larger than what is embedded) and at most
-``MAX_TREE_STEPS``. Held-out episodes are kept up to ``TRANSCRIPT_BUDGET`` bytes. Texts longer than
+first, the last and evenly spaced ones between, as many as fit ``TREE_BUDGET`` bytes and at most
+``MAX_TREE_STEPS`` (a step's embedded size is estimated from its file's size, scaled by the first step's ratio:
+the page holds a node's prompt once, the file K times). Held-out episodes are kept up to ``TRANSCRIPT_BUDGET`` bytes. Texts longer than
 ``MAX_TEXT_CHARS`` are cut, with a note saying where the full text is. The page states every such choice.
 """
 
@@ -36,7 +36,18 @@ def run_data(record: RunRecord, tree_budget: int, transcript_budget: int, max_tr
     """One run: config, summary, metrics as columns, held-out success, sampled trees, held-out episodes."""
     steps = [r["step"] for r in record.metrics]
     names = record.metric_names()
-    shown = pick_steps(record.tree_steps, _tree_sizes(record), tree_budget, max_tree_steps)
+    trees = {}
+    if record.tree_steps:  # the first step's embedded size per byte of its file estimates every step's
+        first = record.tree_steps[0]
+        trees[first] = tree_data(record.trees(first), first)
+        ratio = len(json.dumps(trees[first])) / max(1, _file_size(record, first))
+        sizes = {s: int(_file_size(record, s) * ratio) for s in record.tree_steps}
+        shown = pick_steps(record.tree_steps, sizes, tree_budget, max_tree_steps)
+    else:
+        shown = []
+    for s in shown:
+        if s not in trees:
+            trees[s] = tree_data(record.trees(s), s)
     episodes, kept = fit_episodes(record.transcripts, transcript_budget)
     return {
         "name": record.name, "path": os.path.abspath(record.path), "finished": record.finished,
@@ -45,7 +56,7 @@ def run_data(record: RunRecord, tree_budget: int, transcript_budget: int, max_tr
         "metrics": {"steps": steps, "series": {k: [row.get(k) for row in record.metrics] for k in names}},
         "held_out": record.held_out(),
         "trees": {"dumped": record.tree_steps, "shown": shown,
-                  "steps": {str(s): tree_data(record.trees(s), s) for s in shown}},
+                  "steps": {str(s): trees[s] for s in shown}},
         "transcripts": {"total": len(record.transcripts), "shown": kept, "episodes": episodes},
         "skipped_lines": record.skipped_lines,
     }
@@ -149,8 +160,8 @@ def clean(x: Any) -> Any:
     return x
 
 
-def _tree_sizes(record: RunRecord) -> dict[int, int]:
-    return {s: os.path.getsize(os.path.join(record.path, "rollouts", f"step_{s}.jsonl")) for s in record.tree_steps}
+def _file_size(record: RunRecord, step: int) -> int:
+    return os.path.getsize(os.path.join(record.path, "rollouts", f"step_{step}.jsonl"))
 
 
 def _total_steps(record: RunRecord) -> int | None:

@@ -261,8 +261,10 @@
     var c = roleColor[node.agent] || "#555";
     var det = h("div", {"class": "detail", id: "node-detail", style: "--c:" + c});
     det.appendChild(h("h3", null, "turn " + node.turn + " \u00b7 ", roleSpan(node.agent), " \u00b7 " + node.cands.length + " candidates"));
+    var traj = (run.config.rollout || {}).mode === "trajectory";
     det.appendChild(h("div", {"class": "note", text: "group " + (node.cands[0] ? node.cands[0].group : "") + " \u00b7 policy " + (node.cands[0] ? node.cands[0].policy : "") +
-      " \u00b7 the kept candidate (\u2605) is the best by alpha * team + local (ties: the lowest index); its state is what every branch continues from"}));
+      (traj ? " \u00b7 trajectory mode: candidate k is step " + node.turn + " of the k-th independent episode (all are kept), its advantage from that episode's return"
+            : " \u00b7 the kept candidate (\u2605) is the best by alpha * team + local (ties: the lowest index); its state is what every branch continues from")}));
     det.appendChild(h("div", null, h("b", {text: "prompt"}), folded(node.prompt)));
     var head = h("tr", null, ["k", "kept", "response", "team", "local", "reward", "advantage", "environment's feedback"].map(function (t, j) {
       return h("th", {"class": j >= 3 && j <= 6 ? "num" : "", text: t});
@@ -348,7 +350,7 @@
     var box = h("div", {id: "episodes"});
     eps.forEach(function (e) {
       var ep = h("details", {"class": "episode"}, h("summary", null, h("span", {"class": "badge " + (e.success ? "ok" : "fail"), text: e.success ? "success" : "failure"}),
-        " " + e.problem + " \u00b7 " + (e.transcript || []).length + " agent turns" + (e.step !== undefined ? " \u00b7 evaluated after step " + e.step : "")));
+        " " + e.problem + " \u00b7 " + (e.transcript || []).length + " agent turns" + (e.step === 0 ? " \u00b7 evaluated before training" : (e.step !== undefined ? " \u00b7 evaluated after step " + e.step : ""))));
       (e.transcript || []).forEach(function (t) {
         ep.appendChild(h("div", {"class": "turn", style: "--c:" + (roleColor[t.agent] || "#555")},
           h("div", null, "turn " + t.turn + " \u00b7 ", roleSpan(t.agent), " \u00b7 reward " + fmt(t.reward) +
