@@ -122,10 +122,13 @@ class RunRecord:
         return [s for s, _ in pts], [float(v) for _, v in pts]
 
     def held_out(self) -> list[tuple[int, float]]:
-        """Held-out success rate by step: before training (step 0, from summary.json), at each evaluation."""
+        """Held-out success rate by step: before training (step 0: summary.json's, or while the run is in its
+        first steps, the success rate of the step-0 episodes of eval_transcripts.jsonl), at each evaluation."""
         out = []
         if self.summary and isinstance(self.summary.get("eval_before"), dict):
             out.append((0, float(self.summary["eval_before"]["success_rate"])))
+        elif self.transcripts and all(t.get("step") == 0 for t in self.transcripts):
+            out.append((0, sum(bool(t.get("success")) for t in self.transcripts) / len(self.transcripts)))
         steps, values = self.series("eval/success_rate")
         return out + list(zip(steps, values))
 

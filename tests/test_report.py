@@ -121,6 +121,10 @@ def test_in_progress_run_and_several_runs(run_dir, tmp_path):
     cfg["algo"]["alpha"] = 0.5
     yaml.safe_dump(cfg, open(os.path.join(other, "config.yaml"), "w"))
     assert not runs.load(other).finished and runs.load(other).held_out()[0][0] == 2  # no step 0 without summary
+    episodes = _lines(os.path.join(other, "eval_transcripts.jsonl"))
+    with open(os.path.join(other, "eval_transcripts.jsonl"), "w") as f:  # as after the evaluation before training
+        f.writelines(json.dumps({**e, "step": 0}) + "\n" for e in episodes)
+    assert runs.load(other).held_out()[0] == (0, sum(e["success"] for e in episodes) / len(episodes))
     out = write_report([run_dir, other], str(tmp_path / "both.html"))
     data = _page(out)
     assert [r["name"] for r in data["runs"]] == ["run", "other"]

@@ -182,8 +182,10 @@
       card.appendChild(h("div", null, "held-out success ", h("span", {"class": "big", text: fmt(s.eval_before.success_rate) + " \u2192 " + fmt(s.eval_after.success_rate)}),
         " (" + fmt(s.eval_after.problems, 0) + " problems)"));
     } else {
+      var ho = run.held_out, latest = ho.length ? ho[ho.length - 1] : null;
       card.appendChild(h("div", null, h("span", {"class": "big", text: "in progress"}), " step " + last + " of " + (run.total_steps || "?") +
-        "; the held-out success before and after training is written to summary.json at the end"));
+        (latest ? "; held-out success " + fmt(latest[1]) + (latest[0] === 0 ? " before training" : " after step " + latest[0]) : "") +
+        "; summary.json is written at the end"));
     }
     var cfg = run.config || {}, rows = [];
     function row(k, v) { rows.push(h("tr", null, h("th", {text: k}), h("td", {text: v}))); }
@@ -350,7 +352,8 @@
     var box = h("div", {id: "episodes"});
     eps.forEach(function (e) {
       var ep = h("details", {"class": "episode"}, h("summary", null, h("span", {"class": "badge " + (e.success ? "ok" : "fail"), text: e.success ? "success" : "failure"}),
-        " " + e.problem + " \u00b7 " + (e.transcript || []).length + " agent turns" + (e.step === 0 ? " \u00b7 evaluated before training" : (e.step !== undefined ? " \u00b7 evaluated after step " + e.step : ""))));
+        " " + e.problem + " \u00b7 " + (e.transcript || []).length + " agent turns \u00b7 return " +
+          fmt((e.transcript || []).reduce(function (a, t) { return a + (t.reward || 0); }, 0), 2) + (e.step === 0 ? " \u00b7 evaluated before training" : (e.step !== undefined ? " \u00b7 evaluated after step " + e.step : ""))));
       (e.transcript || []).forEach(function (t) {
         ep.appendChild(h("div", {"class": "turn", style: "--c:" + (roleColor[t.agent] || "#555")},
           h("div", null, "turn " + t.turn + " \u00b7 ", roleSpan(t.agent), " \u00b7 reward " + fmt(t.reward) +
@@ -366,7 +369,7 @@
   function hash() { return "#" + Array.prototype.map.call(arguments, function (x) { return x === null ? "" : encodeURIComponent(x); }).join("/"); }
   function go() { location.hash = hash.apply(null, arguments); }
   function route() {
-    var parts = location.hash.replace(/^#/, "").split("/").map(decodeURIComponent);
+    var parts = location.hash.replace(/^#/, "").split("/").map(function (x) { try { return decodeURIComponent(x); } catch (e) { return x; } });
     var tab = tabs[parts[0]] ? parts[0] : "overview";
     Object.keys(tabs).forEach(function (k) { sections[k].className = k === tab ? "on" : ""; links[k].className = k === tab ? "on" : ""; });
     var r = parseInt(parts[1], 10);
