@@ -83,7 +83,7 @@ class RunRecord:
     """What a run directory holds, read from its files (``load``). Trees are read on demand (``trees``)."""
 
     path: str
-    config: dict[str, Any]  # config.yaml (the resolved config); {} if missing
+    config: dict[str, Any]  # config.yaml (the resolved config); {} if missing or unreadable
     summary: dict[str, Any] | None  # summary.json, None while the run is in progress
     metrics: list[dict[str, Any]]  # one merged row per step, in step order (metrics.jsonl)
     transcripts: list[dict[str, Any]]  # eval_transcripts.jsonl: the latest held-out evaluation's episodes
@@ -177,8 +177,15 @@ def load(path: str) -> RunRecord:
     skipped: dict[str, int] = {}
     config: dict[str, Any] = {}
     if has_config:
-        with open(os.path.join(path, "config.yaml"), encoding="utf-8") as f:
-            config = yaml.safe_load(f) or {}
+        try:
+            with open(os.path.join(path, "config.yaml"), encoding="utf-8") as f:
+                config = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            config = {}
+        if not isinstance(config, dict):
+            config = {}
+        if not config:
+            skipped["config.yaml"] = 1  # unreadable: the page says so
     summary = _read_json(os.path.join(path, "summary.json"))
     rows, bad = _read_jsonl(os.path.join(path, "metrics.jsonl"))
     if bad:

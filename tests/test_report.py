@@ -125,6 +125,10 @@ def test_in_progress_run_and_several_runs(run_dir, tmp_path):
     with open(os.path.join(other, "eval_transcripts.jsonl"), "w") as f:  # as after the evaluation before training
         f.writelines(json.dumps({**e, "step": 0}) + "\n" for e in episodes)
     assert runs.load(other).held_out()[0] == (0, sum(e["success"] for e in episodes) / len(episodes))
+    with open(os.path.join(other, "metrics.jsonl"), "a") as f:
+        f.write('{"step": 4, "loss/pg": 0.')  # a line being written while the report reads
+    partial = runs.load(other)
+    assert partial.skipped_lines == {"metrics.jsonl": 1} and [r["step"] for r in partial.metrics] == [1, 2, 3]
     out = write_report([run_dir, other], str(tmp_path / "both.html"))
     data = _page(out)
     assert [r["name"] for r in data["runs"]] == ["run", "other"]
@@ -201,8 +205,11 @@ def _not_blank(png: bytes) -> bool:
     return hi - lo > 100 and len(img.resize((200, 150)).getcolors(maxcolors=256 * 256)) > 20
 
 
-@pytest.mark.skipif(find_chromium() is None, reason="no Chromium on this machine (.ci/run installs Debian's "
-                                                    "`chromium`; or set ATGRPO_CHROMIUM)")
+NO_CHROMIUM = pytest.mark.skipif(find_chromium() is None, reason="no Chromium on this machine (.ci/run installs "
+                                                               "Debian's `chromium`; or set ATGRPO_CHROMIUM)")
+
+
+@NO_CHROMIUM
 def test_chromium_opens_the_report_clicks_a_node_and_draws_it(run_dir, tmp_path):
     data = _page(os.path.join(run_dir, "report.html"))
     node = data["runs"][0]["trees"]["steps"]["1"][0]["nodes"][1]
@@ -229,3 +236,11 @@ def test_chromium_opens_the_report_clicks_a_node_and_draws_it(run_dir, tmp_path)
         assert b.evaluate("document.getElementById('errors').hidden")
     assert _not_blank(png)
     (tmp_path / "node.png").write_bytes(png)
+
+
+@NO_CHROMIUM
+def test_report_cli_screenshot_of_a_node(run_dir, tmp_path, capsys):
+    png = tmp_path / "node.png"
+    assert main(["report", run_dir, "--out", str(tmp_path / "r.html"), "--screenshot", str(png),
+                 "--view", "trees/0/3/1/1"]) == 0
+    assert capsys.readouterr().err == "" and _not_blank(png.read_bytes())
