@@ -170,7 +170,7 @@ def cmd_report(args) -> int:
         return EXIT_INPUT
     print(f"report: {out} ({os.path.getsize(out) / 1e6:.1f} MB)")
     if args.screenshot:
-        from .report.browser import Browser, BrowserError, file_url
+        from .report.browser import Browser, BrowserError, NoChromium, file_url
 
         try:
             with Browser() as b:
@@ -178,7 +178,7 @@ def cmd_report(args) -> int:
                 png, errors = b.screenshot(), b.log.errors + [f"request: {u}" for u in b.log.requests]
         except BrowserError as e:
             print(f"atgrpo: error: {_line(e)}", file=sys.stderr)
-            return EXIT_INPUT if "no Chromium" in str(e) else EXIT_ERROR
+            return EXIT_INPUT if isinstance(e, NoChromium) else EXIT_ERROR
         with open(args.screenshot, "wb") as f:
             f.write(png)
         print(f"screenshot: {args.screenshot}")

@@ -136,13 +136,17 @@ def test_in_progress_run_and_several_runs(run_dir, tmp_path):
     assert config_diff([{"a": {"b": 1}}, {"a": {"b": 1}, "c": 2}]) == [{"key": "c", "values": [None, 2]}]
 
 
-def test_report_cli_and_a_directory_that_is_not_a_run(run_dir, tmp_path, capsys):
+def test_report_cli_and_a_directory_that_is_not_a_run(run_dir, tmp_path, capsys, monkeypatch):
     out = str(tmp_path / "r.html")
     assert main(["report", run_dir, "--out", out]) == 0
     assert "report: " + out in capsys.readouterr().out
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is not an atgrpo run directory" in err[0]
+    monkeypatch.setenv("ATGRPO_CHROMIUM", "no-such-browser")
+    assert main(["report", run_dir, "--out", out, "--screenshot", str(tmp_path / "s.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no Chromium found" in err[0]
 
 
 def test_step_sample_first_last_evenly_spaced_within_budget():

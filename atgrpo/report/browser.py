@@ -28,7 +28,11 @@ _NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable
 
 
 class BrowserError(RuntimeError):
-    """Chromium is missing, did not start, or did not answer in time."""
+    """Chromium did not start, closed, or did not answer in time."""
+
+
+class NoChromium(BrowserError):
+    """No Chromium executable was found."""
 
 
 def find_chromium() -> str | None:
@@ -70,7 +74,7 @@ class Browser:
     def __init__(self, executable: str | None = None, width: int = 1400, height: int = 1000, timeout: float = 60):
         self.executable = executable or find_chromium()
         if self.executable is None:
-            raise BrowserError("no Chromium found (install it: apt-get install chromium; or set ATGRPO_CHROMIUM)")
+            raise NoChromium("no Chromium found (install it: apt-get install chromium; or set ATGRPO_CHROMIUM)")
         self.width, self.height, self.timeout = width, height, timeout
         self.log = PageLog()
         self._buf, self._id, self._session = b"", 0, None
