@@ -1,8 +1,9 @@
-"""The ``atgrpo`` command: train | eval | envs.
+"""The ``atgrpo`` command: train | eval | report | envs | bench | plan-memory.
 
     atgrpo train [CONFIG.yaml] [dotted.key=value ...] [--out RUN_DIR]
     atgrpo train --resume RUN_DIR [train.steps=N]
     atgrpo eval  (RUN_DIR | CONFIG.yaml) [dotted.key=value ...]
+    atgrpo report RUN_DIR [RUN_DIR ...] [--out FILE] [--screenshot PNG [--view HASH]]
     atgrpo envs
     atgrpo bench (rollout | update | step | all) [--preset issue|quickstart] [--out bench_out]
     atgrpo plan-memory [CONFIG.yaml] [dotted.key=value ...] [--model NAME | --model-config PATH] [--gpu-gb 80]
@@ -22,11 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
-import time
 import traceback
 
+from .api import default_run_dir
 from .bench import cli as bench_cli
 from .config import ConfigError, load_config, load_resume_config
 
@@ -58,8 +58,7 @@ def cmd_train(args) -> int:
         cfg, out = load_resume_config(args.resume, overrides), args.resume
     else:
         cfg = load_config(path, overrides)  # bad keys and values fail here, before any work
-        env = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name.rpartition(":")[2] or cfg.env.name)  # module:Class
-        out = args.out or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-{env}-{cfg.policy.sharing}")
+        out = args.out or default_run_dir(cfg)
     if os.path.exists(out) and not os.path.isdir(out):  # also checked by train(); here before heavy imports
         print(f"atgrpo: error: run directory {out!r} is a file, not a directory; choose another --out",
               file=sys.stderr)
@@ -156,6 +155,39 @@ def _plan_shape(cfg, model: str | None, model_config: str | None):
     return pm.read_hf_config(f)
 
 
+def cmd_report(args) -> int:
+    """One HTML file with the runs' curves, sampled trees and held-out transcripts; ``--screenshot``: open it in
+    headless Chromium too, save a PNG of ``--view`` and fail (exit 1) if the page logs an error."""
+    from .report import write_report
+    from .runs import NotARunError
+
+    if args.view and not args.screenshot:
+        raise ConfigError("--view goes with --screenshot")
+    try:
+        out = write_report(args.runs, args.out)
+    except (NotARunError, FileNotFoundError) as e:
+        print(f"atgrpo: error: {_line(e)}", file=sys.stderr)
+        return EXIT_INPUT
+    print(f"report: {out} ({os.path.getsize(out) / 1e6:.1f} MB)")
+    if args.screenshot:
+        from .report.browser import Browser, BrowserError, NoChromium, file_url
+
+        try:
+            with Browser() as b:
+                b.open(file_url(out, args.view))
+                png, errors = b.screenshot(), b.log.errors + [f"request: {u}" for u in b.log.requests]
+        except BrowserError as e:
+            print(f"atgrpo: error: {_line(e)}", file=sys.stderr)
+            return EXIT_INPUT if isinstance(e, NoChromium) else EXIT_ERROR
+        with open(args.screenshot, "wb") as f:
+            f.write(png)
+        print(f"screenshot: {args.screenshot}")
+        if errors:
+            print("atgrpo: error: the page logged: " + " | ".join(errors), file=sys.stderr)
+            return EXIT_ERROR
+    return 0
+
+
 def cmd_envs(args) -> int:
     from .envs import registered
 
@@ -246,6 +278,15 @@ def _main(argv: list[str], debug: bool) -> int:
     p.add_argument("--prompt-tokens", type=int, help="the longest prompt (default model.max_prompt_tokens)")
     p.add_argument("--new-tokens", type=int, help="the longest response (default rollout.max_new_tokens)")
     p.set_defaults(func=cmd_plan_memory)
+    p = sub.add_parser("report", help="one self-contained HTML file of runs: curves, the sampled trees, held-out "
+                                      "transcripts (several runs: overlaid)")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="the HTML file (default: RUN_DIR/report.html for one run, report.html for several)")
+    p.add_argument("--screenshot", metavar="PNG", help="also open it in headless Chromium and save a screenshot "
+                                                       "(exit 1 if the page logs an error)")
+    p.add_argument("--view", default="", metavar="HASH", help="with --screenshot: the view, e.g. trees/0/1/0/2 "
+                   "(run, step, problem, node), transcripts/0/failure (default: the overview)")
+    p.set_defaults(func=cmd_report)
     p = sub.add_parser("envs", help="list the registered environments")
     p.set_defaults(func=cmd_envs)
     p = sub.add_parser("bench", help="performance benchmarks: rollout | update | step | all (JSON + markdown)")

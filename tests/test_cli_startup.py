@@ -20,7 +20,7 @@ sys.exit(code)
 
 
 @pytest.mark.parametrize("args", [["--help"], ["envs"], ["train", "--help"], ["eval", "--help"],
-                                  ["bench", "--help"]])
+                                  ["bench", "--help"], ["report", "--help"]])
 def test_light_commands_do_not_import_torch(args):
     r = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -111,6 +111,7 @@ def test_crashing_program_is_penalised_and_its_stderr_reaches_both_agents(game):
     res = env.step(_fenced("print('RRDD')\nraise ValueError('boom 4242')"))
     assert res.reward.local == FORMAT_PENALTY and res.reward.team == 0.0
     assert res.info["program_crashed"] and not res.info["program_timed_out"] and env.proposal is None
+    assert "boom 4242" in res.info["stderr"] and res.info["stdout"] == "RRDD\n"  # the feedback, in the rollouts
     plan_prompt = _text(env.observe("plan"))
     assert "boom 4242" in plan_prompt and "exit code 1" in plan_prompt and "no proposal" in plan_prompt
     assert "E:ValueError" in env.observe("plan", style="compact")

@@ -156,6 +156,7 @@ def test_crashing_tool_is_reported_not_raised():
     env, _ = _arith("chat")
     r = env.step("```python\nx = 1/0\nprint(x)\n```")
     assert r.info["crashed"] and r.info["exit_code"] == 1 and r.info["parse_error"]
+    assert "ZeroDivisionError" in r.info["stderr"] and r.info["stdout"] == ""  # the feedback, in the rollouts
     assert r.reward.local == -FORMAT_PENALTY
     text = env.observe("reasoner")[1]["content"]
     assert "ZeroDivisionError" in text and "exit code 1" in text and "none (nothing printed)" in text

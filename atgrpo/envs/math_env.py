@@ -47,7 +47,7 @@ from typing import Any
 from .base import Messages, MultiAgentEnv, Reward
 from .math_data import (DATASETS, GENERATED, MAX_ANSWER_CHARS, Problem, draw_problem, equivalent, is_correct,
                         last_boxed, load_files, load_jsonl, parse_answer)
-from .programs import ProgramRun, program_info, run_program
+from .programs import ProgramRun, program_info, program_output, run_program
 
 FORMAT_PENALTY = 0.1
 SOLUTION_CHARS = 1500  # previous solutions shown in chat prompts
@@ -153,7 +153,7 @@ class MathEnv(MultiAgentEnv):
         parsed = answer is not None and parse_answer(answer, self.numeric) is not None
         correct = parsed and is_correct(self.problem.answer, answer, self.numeric)
         if run is not None:
-            info.update(program_info(run, parsed))
+            info.update(program_info(run, parsed), **program_output(run))
         self.last[agent] = Attempt(code, answer, parsed, correct, run)
         self.agreed = self._answers_agree()
         local = (1.0 if correct else 0.0) - (FORMAT_PENALTY if crashed or not parsed else 0.0)

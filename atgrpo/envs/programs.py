@@ -156,6 +156,12 @@ class ProgramRun:
         return f"exit{self.exit_code}" if self.exit_code is not None else "killed"
 
 
+def program_output(run: ProgramRun) -> dict[str, str]:
+    """The run's stdout and stderr tails for the step's info: the environment's feedback on a candidate, as the
+    rollout files and the report show it (the trainer does not read them)."""
+    return {"stdout": run.stdout, "stderr": run.stderr}
+
+
 def run_program(text: str, timeout: float, tail: int = TAIL_CHARS, packages: Sequence[str] = ()) -> ProgramRun:
     """Read the program from ``text`` (``extract_code``) and run it (cached, timeouts included)."""
     code, _ = extract_code(text)

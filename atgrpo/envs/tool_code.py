@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import random
 import warnings
+from typing import Any
 
 from ..sandbox import isolation
 from .expert_programs import BUGS
-from .programs import ProgramRun, program_info, run_program
+from .programs import ProgramRun, program_info, program_output, run_program
 
 TOOL_MODES = ("code", "direct")
 DEFAULT_TIMEOUT = 2.0  # seconds per tool program
@@ -66,8 +67,8 @@ class ToolCodeMixin:
         return run.answer or "", run
 
     @staticmethod
-    def _run_info(run: ProgramRun | None, parsed: bool) -> dict[str, bool]:
-        return {} if run is None else program_info(run, parsed)
+    def _run_info(run: ProgramRun | None, parsed: bool) -> dict[str, Any]:
+        return {} if run is None else {**program_info(run, parsed), **program_output(run)}
 
     # ---- prompts --------------------------------------------------------------------------------------
     def _tool_task(self, goal: str, example: str) -> str:

@@ -1,6 +1,7 @@
 """The local runner: set up, warm start, evaluate, train for ``train.steps`` steps, evaluate, write outputs.
 
-Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/step_<N>.jsonl, eval_transcripts.jsonl,
+Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/step_<N>.jsonl, eval_transcripts.jsonl (the
+latest held-out evaluation's episodes), report.html (``atgrpo.report``; both written at each held-out evaluation),
 tensorboard/, learning_curves.png, checkpoint/step_<N>/ (every ``train.checkpoint_every`` steps and at the end:
 what ``--resume`` continues from, see checkpoint.py), checkpoint/final/<policy>/ (transformers format), .lock.
 
@@ -155,6 +156,23 @@ class Run:
                 for s in samples:
                     f.write(json.dumps(s.dump()) + "\n")
 
+    def evaluated(self, step: int, episodes: list) -> None:
+        """After a held-out evaluation: its episodes to eval_transcripts.jsonl (the latest evaluation's), and
+        report.html refreshed, so that a run in progress can be looked at."""
+        atomic_write_text(os.path.join(self.run_dir, "eval_transcripts.jsonl"), "".join(
+            json.dumps({"problem": e.problem, "success": e.success, "step": step, "transcript": e.transcript}) + "\n"
+            for e in episodes))
+        self.refresh_report()
+
+    def refresh_report(self) -> None:
+        """Write report.html; a failure is a warning, never the end of the run."""
+        from ..report import write_report
+
+        try:
+            write_report(self.run_dir)
+        except Exception as e:  # the report reads files a user may have touched: warn, and train on
+            _warn(f"atgrpo: warning: {self.run_dir}/report.html not written: {type(e).__name__}: {one_line(e)}")
+
     def count_nonfinite(self, step: int, skipped: int) -> None:
         """Add a step's skipped updates; warn, and stop the run past ``train.max_nonfinite``."""
         self.nonfinite += skipped
@@ -281,10 +299,12 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     if cfg.algo.kl_coef > 0:
         state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
         save_references(run_dir, state)
-    before, _ = run_eval(state, cfg.seed)
+    before, episodes = run_eval(state, cfg.seed)
     say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
     summary["eval_before"] = before
-    return Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say)
+    run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say)
+    run.evaluated(0, episodes)
+    return run
 
 
 def _start_backend(run: Run) -> None:
@@ -308,31 +328,32 @@ def _loop(run: Run, stop: StopOnSignal) -> None:
             break
         result = train_step(state, step)
         state.step = step
+        eval_episodes = None
         metrics, skipped = result.metrics(), result.skipped_nonfinite
         metrics["update/skipped_nonfinite_total"] = float(run.nonfinite + skipped)
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
-            ev, _ = run_eval(state, cfg.seed)
+            ev, eval_episodes = run_eval(state, cfg.seed)
             metrics.update({f"eval/{k}": v for k, v in ev.items()})
             run.evals.append((step, ev["success_rate"]))
         run.log(step, metrics, result.samples)
         del result  # the samples: free them before the checkpoint
+        if eval_episodes is not None:
+            run.evaluated(step, eval_episodes)
         run.count_nonfinite(step, skipped)
         if (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0) or step == cfg.train.steps:
             run.checkpoint()
 
 
 def _finish(run: Run, after: dict[str, float], episodes: list, start: float) -> dict[str, Any]:
-    """The final outputs: evaluation transcripts, the final policies, the plot and summary.json."""
+    """The final outputs: the final policies, the plot, summary.json, evaluation transcripts and report.html."""
     cfg, run_dir, summary = run.cfg, run.run_dir, run.summary
-    atomic_write_text(os.path.join(run_dir, "eval_transcripts.jsonl"), "".join(
-        json.dumps({"problem": e.problem, "success": e.success, "transcript": e.transcript}) + "\n"
-        for e in episodes[:50]))
     summary["eval_after"] = after
     summary["wall_seconds"] = time.time() - start
     write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(run.state, d))
     if cfg.train.plot and run.rows:
         summary["plot"] = plot_curves(run_dir, run.rows, run.evals)
     atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
+    run.evaluated(cfg.train.steps, episodes)  # eval_transcripts.jsonl and report.html, with the summary
     run.say(f"eval after: success {after['success_rate']:.3f} (before {run.before['success_rate']:.3f}); "
             f"{summary['wall_seconds']:.0f}s; outputs in {run_dir}")
     return summary
