@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -134,3 +135,25 @@ def test_cli_eval_bad_benchmark_settings_are_one_line(tmp_path, args, message, c
     assert main(["eval", str(cfg), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--benchmarks", "nope"], "unknown benchmark 'nope'"),
+    (["--benchmarks", "run", "--n", "2"], "--n 2 samples at temperature 0 are identical"),
+    (["--benchmarks", "run", "--out", "{tmp}/afile"], "is a file"),
+])
+def test_cli_eval_checks_every_argument_before_the_warm_start(tmp_path, args, message):
+    """As a new user tries it: the quickstart (warm start on) with a bad argument says so at once, in one line,
+    without building a model or warm-starting (the warm start's progress would show on stderr)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("x\n")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "atgrpo.cli", "eval", os.path.join(repo, "configs/quickstart.yaml"),
+                           *[a.replace("{tmp}", str(tmp_path)) for a in args]], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr[-2000:]
+    assert proc.stdout == "" and sorted(os.listdir(tmp_path)) == ["afile"]  # no eval_out/
