@@ -138,11 +138,14 @@ class Run:
                 "rows": self.rows, "evals": self.evals, "eval_before": self.before, "warmstart_done": True,
                 "warmstart": self.summary.get("warmstart"), "nonfinite": self.nonfinite},
                 self.cfg.train.keep_checkpoints)
-        except OSError as e:  # written into a .tmp-* directory, removed again: the older checkpoints are untouched
+        except Exception as e:  # written into a .tmp-* directory, removed again: older checkpoints are untouched
+            why = _io_error(e)
+            if why is None:
+                raise
             last = latest_checkpoint(self.run_dir)
             raise CheckpointWriteError(
                 f"could not write the checkpoint of step {self.state.step} in {self.run_dir} "
-                f"({e.strerror or one_line(e)}); " + (f"the previous checkpoint {last.path} is intact: make room, "
+                f"({why}); " + (f"the previous checkpoint {last.path} is intact: make room, "
                 f"then continue with: atgrpo train --resume {self.run_dir}" if last else
                 "no earlier checkpoint: make room and start the run again")) from e
         self.saved, self.saved_at = self.state.step, time.time()
@@ -172,6 +175,17 @@ class Run:
                 f"(train.max_nonfinite={self.cfg.train.max_nonfinite}); last good checkpoint: "
                 f"{last.path if last else 'none'}. Lower algo.lr, use model.dtype=float32, or raise "
                 f"train.max_nonfinite")
+
+
+def _io_error(e: BaseException) -> str | None:
+    """What an I/O failure was (``No space left on device``), for an ``OSError`` or a library's error that wraps
+    one (safetensors: "I/O error: ... (os error 28)"); None for anything else (a bug: raised as it is)."""
+    import re
+
+    if isinstance(e, OSError):
+        return e.strerror or one_line(e)
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    return os.strerror(int(m.group(1))) if m else None
 
 
 def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal,
