@@ -132,5 +132,9 @@ def test_a_killed_driver_continues_with_resume(cluster, tmp_path, tmp_path_facto
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert ck.latest_checkpoint(out).step == 2
+    deadline = time.time() + 120  # Ray ends the dead driver's workers: their CPUs come back to the cluster
+    while ray.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) == 2, ray.available_resources()
     assert main(["train", "--resume", out, "--quiet"]) == 0
     assert run_rows(out) == run_rows(ref)

@@ -24,7 +24,8 @@ reading its weights or optimizer state is then a collective, so the driver calls
 
 Faults: an environment worker that dies (``RayActorError``) is replaced and its work resubmitted, up to
 ``system.ray.env_retries`` times per task, then the step fails loudly. A dead rollout or update worker fails
-the step (a data-parallel group cannot lose a rank). Samples sent to update workers and samples trained are
+the step with ``faults.WorkerLost`` naming it (every wait on a pool goes through ``faults.gather``); the run then
+recovers (``trainer/recovery.py``: ``rebuild`` here, the last checkpoint restored, the steps since redone). Samples sent to update workers and samples trained are
 counted; any difference is logged as ``ray/dropped_samples`` (and is 0 unless something is wrong).
 """
 
@@ -293,8 +294,6 @@ class RayBackend:
 
     def update(self, state, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
         """Every policy's update on its own update workers, concurrently; then weight sync."""
-        import ray
-
         from ..update import UpdateStats, plan_minibatches
 
         algo, temp = self.cfg.algo, self.cfg.rollout.temperature

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-PEER_GRACE_S = 30.0  # after a rank's error, how long to wait for its peers' (a dead peer's error explains it)
+PEER_GRACE_S = 60.0  # after a rank's error, how long to wait for its peers' (a dead peer's error explains it;
+# Ray declares a vanished node dead after ~30 s of missed health checks by default)
 
 
 class WorkerLost(RuntimeError):
