@@ -105,6 +105,9 @@ def cmd_eval(args) -> int:
         return 0
     if any(v is not None for v in (args.k, args.temperature, args.problems, args.out)) or args.n != 1:
         raise ConfigError("--n, --k, --temperature, --problems and --out go with --benchmarks")
+    from .trainer.eval_target import eval_config
+
+    eval_config(target, overrides)  # a bad target or override is said before torch is imported
     from .trainer.evaluate import evaluate_target
 
     metrics = evaluate_target(target, overrides, progress=not args.quiet)

@@ -24,7 +24,7 @@ from atgrpo.trainer.step import train_step  # noqa: E402
 from conftest import FAST  # noqa: E402
 from ray_helpers import RAY, before_step, compare_metrics, kill_worker, run_rows  # noqa: E402
 
-# a node that leaves is declared dead after ~2 s of missed health checks (Ray's default is ~30 s)
+# a node that leaves is declared dead after ~2 s of missed health checks (Ray's default: tens of seconds)
 FAST_HEALTH = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 4}
 
 

@@ -100,6 +100,7 @@ def test_an_fsdp_rank_killed_mid_update_is_recovered(cluster, tmp_path, tmp_path
     _same_run(out, ref)
 
 
+@pytest.mark.slow
 def test_past_max_failures_the_run_stops_with_one_line(cluster, tmp_path, monkeypatch, capsys):
     out = str(tmp_path / "run")
     before_step(monkeypatch, 2, lambda state: kill_worker(state.backend, "shared", "update", 0))
@@ -138,3 +139,15 @@ def test_a_killed_driver_continues_with_resume(cluster, tmp_path, tmp_path_facto
     assert ray.available_resources().get("CPU", 0) == 2, ray.available_resources()
     assert main(["train", "--resume", out, "--quiet"]) == 0
     assert run_rows(out) == run_rows(ref)
+
+
+def test_lost_workers_are_told_from_bugs():
+    """A dead worker is recovered from; an error raised in a worker's code (its constructor included) is not."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from atgrpo.trainer.ray.faults import lost_cause
+
+    assert lost_cause(ActorDiedError()) == "ActorDiedError: The actor died unexpectedly before finishing this task."
+    assert lost_cause(RayTaskError("update", "Traceback ...", ValueError("a bug"))) is None
+    assert lost_cause(ActorDiedError(RayTaskError("__init__", "Traceback ...", ValueError("bad model")))) is None
+    assert lost_cause(RuntimeError("gloo: connection closed by peer")) is None

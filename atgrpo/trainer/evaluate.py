@@ -15,6 +15,7 @@ from ..rollout.records import EpisodeResult
 from ..rollout.sampling import Sampling
 from ..rollout.tree import tree_rollout
 from .checkpoint import load_model_weights
+from .eval_target import eval_config
 from .atomic_files import verify_dir
 from .run_dir import RunError
 from .setup import eval_sampling
@@ -81,30 +82,10 @@ def load_eval_state(target: str, overrides: list[str], progress: bool = True) ->
     return cfg, eval_state(target, cfg, progress)
 
 
-def eval_config(target: str, overrides: list[str]) -> Config:
-    """The checked config of an ``atgrpo eval`` target (a run directory or a config file), before any model is
-    built: a bad target, key or value, model path, or a run without final policies is said at once, not after a
-    warm start."""
-    if os.path.isdir(target):
-        cfg_path = os.path.join(target, "config.yaml")
-        if not os.path.exists(cfg_path):
-            raise ConfigError(f"{target} is not a run directory (no config.yaml)")
-        cfg = load_config(cfg_path, overrides, training=False)
-        final = os.path.join(target, "checkpoint", "final")
-        if not os.path.isdir(final):  # the checksums are verified when the policies load
-            raise RunError(f"the saved policies in {final} are missing (the run has not finished; evaluate its "
-                           f"config, or finish it with atgrpo train --resume {target})")
-    elif os.path.exists(target):
-        cfg = load_config(target, overrides, training=False)
-    else:
-        raise ConfigError(f"{target!r} is neither a run directory nor a config file")
-    check_model_path(cfg)
-    return cfg
-
-
 def eval_state(target: str, cfg: Config, progress: bool = True) -> TrainState:
     """The policies ``eval_config``'s target evaluates: the run's final ones, or fresh ones warm-started if the
     config says so (the no-RL baselines)."""
+    check_model_path(cfg)
     state = build_state_checked(cfg)
     if os.path.isdir(target):
         load_policies(state, os.path.join(target, "checkpoint", "final"))

@@ -28,7 +28,8 @@ class RecoveryExhausted(Exception):
 @dataclass(frozen=True)
 class Recovery:
     """One recovery: the step that failed, the checkpoint step it went back to, who died and why, and the
-    seconds lost (from the end of that checkpoint until the pools were rebuilt and the state restored)."""
+    seconds lost: from the end of that checkpoint until the new workers were up and the state restored (the work
+    thrown away, and the restart; the redone steps then take what they took the first time)."""
     failed_step: int
     restored_step: int
     worker: str
@@ -42,9 +43,10 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
     limit, last = run.cfg.system.ray.max_failures, latest_checkpoint(run.run_dir)
     resume = (f"resume from {last.path} with: atgrpo train --resume {run.run_dir}" if last else
               f"no checkpoint was written; start the run again")
-    if len(run.recoveries) >= limit:
+    if run.failures >= limit:
         raise RecoveryExhausted(f"stopped at step {failed_step}: {lost.worker} died ({lost.cause}); "
-                                f"{len(run.recoveries)} recoveries so far, system.ray.max_failures={limit}; {resume}")
+                                f"{run.failures} recoveries so far, system.ray.max_failures={limit}; {resume}")
+    run.failures += 1  # counted before the rebuild: a worker lost while the new ones start is one more loss
     run.state.backend.rebuild()
     found = restore_newest_intact(run.run_dir, run.state, warn=_warn)
     if found is None:
@@ -59,7 +61,7 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
     rec = Recovery(failed_step, ckpt.step, lost.worker, lost.cause, time.time() - run.saved_at)
     run.recoveries.append(rec)
     run.lost_s += rec.seconds_lost
-    _warn(f"atgrpo: Ray: recovery {len(run.recoveries)} of system.ray.max_failures={limit}: {lost.worker} died at "
+    _warn(f"atgrpo: Ray: recovery {run.failures} of system.ray.max_failures={limit}: {lost.worker} died at "
           f"step {failed_step} ({lost.cause}); pools rebuilt, {ckpt.path} restored, redoing steps "
           f"{ckpt.step + 1}..{failed_step}; {rec.seconds_lost:.1f}s lost")
     return rec

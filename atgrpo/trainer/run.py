@@ -129,6 +129,7 @@ class Run:
     say: Callable[..., None] = print
     saved_at: float = field(default_factory=time.time)  # when that checkpoint was written (or the run resumed)
     recoveries: list[Recovery] = field(default_factory=list)  # Ray: lost workers recovered from, this process
+    failures: int = 0  # Ray: recoveries started (one whose rebuild lost a worker too counts), this process
     lost_s: float = 0.0  # seconds lost to recoveries since the last metrics row
 
     def checkpoint(self) -> str:
@@ -309,12 +310,15 @@ def _loop(run: Run, stop: StopOnSignal) -> None:
     back to the last checkpoint, the steps since redone), up to ``system.ray.max_failures`` times."""
     from .ray.faults import WorkerLost
 
-    at = [run.state.step]  # the step in progress
+    at, lost = [run.state.step], None  # the step in progress; the loss to recover from
     while True:
         try:
+            if lost is not None:  # a worker lost while the pools start again is one more loss
+                recover(run, lost, at[0])
+                lost = None
             return _steps(run, stop, at)
-        except WorkerLost as lost:
-            recover(run, lost, at[0])
+        except WorkerLost as e:
+            lost = e
 
 
 def _steps(run: Run, stop: StopOnSignal, at: list[int]) -> None:

@@ -183,10 +183,11 @@ class RayBackend:
         self.pools, self.env_workers = {}, []
 
     def rebuild(self) -> None:
-        """After a lost worker or node: every pool and environment worker anew, on what the cluster still has
-        (they start, and receive the driver's state, at the next ``rollout_policies``)."""
+        """After a lost worker or node: every pool and environment worker anew, on what the cluster still has,
+        started (placed, ready, process groups formed); they receive the driver's state at the next step."""
         self._release_workers()
         self._make_workers()
+        self._start()
 
     def _new_env_worker(self):
         return self._env_actor.options(num_cpus=self.cpus_per_env_worker).remote()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 PEER_GRACE_S = 60.0  # after a rank's error, how long to wait for its peers' (a dead peer's error explains it;
-# Ray declares a vanished node dead after ~30 s of missed health checks by default)
+# Ray declares a vanished node dead after tens of seconds of missed health checks by default)
 
 
 class WorkerLost(RuntimeError):
@@ -28,9 +28,10 @@ def lost_cause(e: BaseException) -> str | None:
     kinds = tuple(getattr(rx, n) for n in ("RayActorError", "WorkerCrashedError", "NodeDiedError",
                                             "ObjectLostError", "OwnerDiedError", "ActorUnavailableError")
                   if hasattr(rx, n))
-    if not isinstance(e, kinds):
-        return None
-    return f"{type(e).__name__}: {_why(' '.join(str(e).split()))}"
+    text = " ".join(str(e).split())
+    if not isinstance(e, kinds) or getattr(e, "actor_init_failed", False) or "creation task" in text:
+        return None  # a worker whose constructor raised: a bug, not a loss
+    return f"{type(e).__name__}: {_why(text)}"
 
 
 def _why(text: str) -> str:
