@@ -42,7 +42,7 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
     metrics file), log the recovery (stderr, ``run.recoveries``); raise ``RecoveryExhausted`` past the limit."""
     limit, last = run.cfg.system.ray.max_failures, latest_checkpoint(run.run_dir)
     resume = (f"resume from {last.path} with: atgrpo train --resume {run.run_dir}" if last else
-              f"no checkpoint was written; start the run again")
+              "no checkpoint was written; start the run again")
     if run.failures >= limit:
         raise RecoveryExhausted(f"stopped at step {failed_step}: {lost.worker} died ({lost.cause}); "
                                 f"{run.failures} recoveries so far, system.ray.max_failures={limit}; {resume}")
@@ -60,7 +60,7 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
                                logging=cfg.logging, params=cfg.to_dict())
     rec = Recovery(failed_step, ckpt.step, lost.worker, lost.cause, time.time() - run.saved_at)
     run.recoveries.append(rec)
-    run.lost_s += rec.seconds_lost
+    run.lost_s, run.saved_at = run.lost_s + rec.seconds_lost, time.time()  # a next loss counts from here
     _warn(f"atgrpo: Ray: recovery {run.failures} of system.ray.max_failures={limit}: {lost.worker} died at "
           f"step {failed_step} ({lost.cause}); pools rebuilt, {ckpt.path} restored, redoing steps "
           f"{ckpt.step + 1}..{failed_step}; {rec.seconds_lost:.1f}s lost")
