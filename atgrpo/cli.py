@@ -15,6 +15,7 @@ Every failure ends in one line on stderr (``atgrpo: ...``) and an exit status; `
     2    bad input, before any work: a config key or value, a config file, arguments, the run directory (in use,
          already a run, a file, nothing intact to resume), resources (Ray workers that do not fit)
     3    stopped: too many updates skipped for a non-finite loss or gradient (train.max_nonfinite)
+    4    stopped: Ray rollout/update workers (or nodes) were lost more often than system.ray.max_failures
     130  stopped by Ctrl-C or SIGTERM after a checkpoint (atgrpo train --resume RUN_DIR continues)
 """
 
@@ -30,7 +31,7 @@ from .api import default_run_dir
 from .bench import cli as bench_cli
 from .config import ConfigError, load_config, load_resume_config
 
-EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_INTERRUPTED = 1, 2, 3, 130  # the module docstring says when
+EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_LOST, EXIT_INTERRUPTED = 1, 2, 3, 4, 130  # the module docstring says when
 
 
 def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -63,7 +64,7 @@ def cmd_train(args) -> int:
         print(f"atgrpo: error: run directory {out!r} is a file, not a directory; choose another --out",
               file=sys.stderr)
         return EXIT_INPUT
-    from .trainer.run import NonFiniteError, TrainingInterrupted, train
+    from .trainer.run import CheckpointWriteError, NonFiniteError, RecoveryExhausted, TrainingInterrupted, train
 
     try:
         summary = train(cfg, out, progress=not args.quiet, resume=bool(args.resume))
@@ -73,6 +74,12 @@ def cmd_train(args) -> int:
     except NonFiniteError as e:
         print(f"atgrpo: error: {e}", file=sys.stderr)
         return EXIT_STOPPED
+    except RecoveryExhausted as e:
+        print(f"atgrpo: error: {e}", file=sys.stderr)
+        return EXIT_LOST
+    except CheckpointWriteError as e:  # the machine (a full disk): exit 1, in one line that says what is intact
+        print(f"atgrpo: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
     print(json.dumps({"run_dir": out, "eval_before": summary["eval_before"]["success_rate"],
                       "eval_after": summary["eval_after"]["success_rate"],
                       "wall_seconds": round(summary["wall_seconds"], 1)}))
@@ -97,6 +104,9 @@ def cmd_eval(args) -> int:
         return 0
     if any(v is not None for v in (args.k, args.temperature, args.problems, args.out)) or args.n != 1:
         raise ConfigError("--n, --k, --temperature, --problems and --out go with --benchmarks")
+    from .trainer.eval_target import eval_config
+
+    eval_config(target, overrides)  # a bad target or override is said before torch is imported
     from .trainer.evaluate import evaluate_target
 
     metrics = evaluate_target(target, overrides, progress=not args.quiet)
@@ -242,7 +252,7 @@ def _main(argv: list[str], debug: bool) -> int:
     parser = _Parser(prog="atgrpo", description="AT-GRPO: on-policy RL for teams of LLM agents",
                      epilog="--debug (anywhere): print the traceback of an error. Exit status: 0 done, 1 unexpected "
                             "error, 2 bad input (config, arguments, run directory, resources), 3 stopped on "
-                            "non-finite updates, 130 stopped by a signal (resumable)")
+                            "non-finite updates, 4 Ray workers lost too often, 130 stopped by a signal (resumable)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("train", help="train a team (no config: the built-in CPU quickstart)")
     p.add_argument("items", nargs="*", help="[CONFIG.yaml] [dotted.key=value ...]")

@@ -38,3 +38,40 @@ def compare_metrics(local: dict, remote: dict) -> None:
             assert abs(a - b) <= ABS + REL * abs(a), (k, a, b)
         else:
             assert a == b, (k, a, b)  # rewards, success, groups, sample counts: exact
+
+
+# ---- faults injected into real runs ------------------------------------------------------------------------
+from fault_helpers import NOT_COMPARED, before_step, run_rows  # noqa: E402,F401  (shared with non-Ray tests)
+
+
+def die_in_forward(training: bool, flag: str | None = None, hold_s: float = 0.0):
+    """For ``actor.__ray_call__``: the worker's next forward pass through its output layer with gradients
+    (``training``: mid-update) or without (mid-rollout) SIGKILLs the worker's process, as an OOM kill would; with
+    ``flag``, it instead creates that file and holds for ``hold_s`` seconds (something else kills it: its node)."""
+    def install(worker):
+        import os
+        import signal
+        import time
+
+        import torch
+
+        def hook(module, inputs, output):
+            if torch.is_grad_enabled() == training:
+                if flag is None:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                open(flag, "w").close()
+                time.sleep(hold_s)
+            return output
+        worker.policy.model.get_output_embeddings().register_forward_hook(hook)
+        return os.getpid()
+    return install
+
+
+def kill_worker(backend, policy: str, kind: str, index: int, **how) -> int:
+    """Arm ``die_in_forward`` in one worker of a running Ray backend (``kind``: rollout | update); its pid."""
+    pool = backend.pools[policy]
+    worker = (pool.rollout if kind == "rollout" else pool.update)[index]
+    return ray.get(worker.__ray_call__.remote(die_in_forward(kind == "update", **how)))
+
+
+ray.cloudpickle.register_pickle_by_value(__import__(__name__))

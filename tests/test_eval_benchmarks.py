@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 
@@ -126,11 +127,30 @@ def test_cli_eval_of_several_benchmarks_writes_the_table_and_transcripts(tmp_pat
     (["--benchmarks", "run", "--n", "2", "--k", "3", "--temperature", "1"], "every k must be in 1..n"),
     (["--benchmarks", "math:/no/such.jsonl"], "no file '/no/such.jsonl'"),
     (["--n", "2"], "go with --benchmarks"),
+    (["--benchmarks", "run", "--out", "{tmp}/c.yaml"], "is a file, not a directory"),
 ])
 def test_cli_eval_bad_benchmark_settings_are_one_line(tmp_path, args, message, capsys):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     cfg = tmp_path / "c.yaml"
     cfg.write_text("warmstart: {enabled: false}\nmodel: {tiny: {hidden_size: 32, num_layers: 1, num_heads: 2, "
                    "intermediate_size: 64}}\n")
     assert main(["eval", str(cfg), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_cli_eval_checks_every_argument_before_the_warm_start(tmp_path):
+    """As a new user tries it: the quickstart (warm start on) with an unknown benchmark says so at once, in one
+    line, before torch is even imported (so before any model is built or warm-started)."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    code = ("import sys; from atgrpo.cli import main; rc = main(['eval', sys.argv[1], '--benchmarks', 'nope']); "
+            "print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code, os.path.join(repo, "configs/quickstart.yaml")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(err) == 1 and "unknown benchmark 'nope'" in err[0], proc.stderr[-2000:]
+    assert proc.stdout == "no torch\n" and os.listdir(tmp_path) == []  # no eval_out/

@@ -162,6 +162,6 @@ def test_train_run_on_ray_writes_metrics_and_checkpoint(backend, tmp_path):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"step"' in line]
     assert [r["step"] for r in rows][:2] == [1, 2] and all(r["ray/dropped_samples"] == 0 for r in rows[:2])
     assert summary["steps"] == 2
-    blob = torch.load(next((out / "checkpoint").glob("step_*/*.pt")), weights_only=False)
+    blob = torch.load(out / "checkpoint" / "step_2" / "trainer_state.pt", weights_only=False)
     steps = {int(s["step"]) for s in blob["optimizers"]["shared"]["state"].values()}
     assert steps == {rows[0]["update/shared/optimizer_steps"] + rows[1]["update/shared/optimizer_steps"]}

@@ -7,7 +7,7 @@ import os
 import typing
 from typing import Any
 
-from .ray_fit import validate_ray, validate_ray_fit
+from .ray_fit import validate_pool_resources, validate_ray, validate_ray_fit
 from .schema import Config, ConfigError, LoggingConfig, check_fields, coerce
 
 
@@ -194,7 +194,9 @@ def validate_env(cfg: Config) -> int:
     except Exception as e:
         msg = " ".join(str(e).split()) or type(e).__name__
         raise ConfigError(f"env.kwargs={kwargs!r} do not fit env {cfg.env.name!r}: {msg}") from None
-    return len(set(route_agents(cfg, env.agents).values()))
+    policies = set(route_agents(cfg, env.agents).values())
+    validate_pool_resources(cfg.system.ray, policies)
+    return len(policies)
 
 
 def route_agents(cfg, agents: tuple[str, ...]) -> dict[str, str]:

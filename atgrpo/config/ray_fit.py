@@ -23,6 +23,27 @@ def validate_ray(r: RayConfig) -> None:
 RAY_MIN_FRACTION = 0.0001  # Ray's resolution for fractional resources
 
 
+def validate_pool_resources(r: RayConfig, policies: set[str]) -> None:
+    """``system.ray.pool_resources``: policy -> {custom resource: amount > 0} per worker, for the run's policies,
+    on an existing cluster (a local one started by atgrpo offers no custom resources)."""
+    if not r.pool_resources:
+        return
+    if not r.address:
+        raise ConfigError("system.ray.pool_resources places pools on nodes by their custom resources: it needs an "
+                          "existing cluster (system.ray.address), whose nodes offer them (ray start --resources)")
+    for pid, res in r.pool_resources.items():
+        if pid not in policies:
+            raise ConfigError(f"system.ray.pool_resources.{pid}: {pid!r} is not a policy of this run (policies: "
+                              f"{', '.join(sorted(policies))})")
+        ok = isinstance(res, dict) and res and all(
+            isinstance(k, str) and k not in ("CPU", "GPU") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v >= RAY_MIN_FRACTION for k, v in res.items())
+        if not ok:
+            raise ConfigError(f"system.ray.pool_resources.{pid}={res!r} must map custom resource names (not CPU or "
+                              f"GPU: cpus_per_worker, gpus_per_worker) to amounts >= {RAY_MIN_FRACTION}, e.g. "
+                              f"{{node_a: 0.01}}")
+
+
 def local_ray_cpus(r: RayConfig) -> int:
     """The CPUs of the local Ray cluster atgrpo starts: ``system.ray.num_cpus``, else what Ray detects on this
     machine (cgroup limits included)."""

@@ -198,6 +198,11 @@ class RayConfig:
     gpus_per_worker: float = at_least(0.0, 0)  # GPUs reserved per rollout / update worker (> 0: model on cuda, NCCL)
     cpus_per_env_worker: float | None = None  # CPUs reserved per environment worker (None: as cpus_per_worker)
     env_retries: int = at_least(3, 0)  # resubmissions of one environment task after its worker died
+    max_failures: int = at_least(3, 0, zero="no recovery: the run stops at the first")  # rollout/update worker or
+    # node losses the run recovers from (rebuild the pools, restore the last checkpoint, redo the steps since)
+    placement: Literal["pack", "spread"] = "pack"  # each policy's pool: on as few nodes as fit | over the nodes
+    pool_resources: dict[str, dict[str, float]] = field(default_factory=dict)  # policy -> custom node resources
+    # each of its workers reserves (e.g. {plan: {gpu_a: 0.01}}: the pool goes to nodes offering gpu_a); needs address
 
 
 @dataclass

@@ -147,9 +147,7 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
     markdown table, the output directory). Every bad setting is found before any evaluation runs."""
     import copy
 
-    from .run_dir import one_line
-    from .evaluate import load_eval_state
-    from .setup import env_factory, eval_sampling
+    from .eval_target import eval_config
 
     if n < 1:
         raise BenchmarkError(f"--n {n} must be >= 1 (samples per problem)")
@@ -159,17 +157,30 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
     specs = [s for s in (x.strip() for x in specs) if s]
     if not specs:
         raise BenchmarkError("--benchmarks needs at least one name, e.g. --benchmarks run,humaneval")
-    cfg, state = load_eval_state(target, list(overrides), progress)
+    cfg = eval_config(target, list(overrides))  # every setting is checked before torch is imported
     temp = cfg.eval.temperature if temperature is None else temperature
     if not (math.isfinite(temp) and temp >= 0):
         raise BenchmarkError(f"--temperature {temp} must be a finite number >= 0")
     if n > 1 and temp == 0:
         raise BenchmarkError(f"--n {n} samples at temperature 0 are identical; give --temperature > 0 (e.g. 0.8) "
                              f"for pass@k from several samples, or --n 1 for greedy pass@1")
+    resolved = [resolve(spec, (cfg.env.name, cfg.env.kwargs)) for spec in specs]  # names and files
+    names = [r[0] for r in resolved]
+    if len(set(names)) != len(names):
+        raise BenchmarkError(f"--benchmarks names a benchmark twice: {', '.join(names)}")
+    out_dir = out or (os.path.join(target, "eval") if os.path.isdir(target) else "eval_out")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise BenchmarkError(f"--out {out_dir!r} is a file, not a directory; choose another --out")
+
+    from ..config.checks import route_agents  # the heavy part: environments, then models
+    from .evaluate import eval_state
+    from .run_dir import one_line
+    from .setup import env_factory, eval_sampling
+
     plans = []
-    policy_ids = sorted(set(state.agent_to_policy.values()))
-    for spec in specs:
-        name, env_name, kwargs = resolve(spec, (cfg.env.name, cfg.env.kwargs))
+    run_agents = route_agents(cfg, env_factory(cfg)("train", 0).agents)  # the run's agent -> policy map
+    policy_ids = sorted(set(run_agents.values()))
+    for spec, (name, env_name, kwargs) in zip(specs, resolved):
         bcfg = copy.deepcopy(cfg)
         bcfg.env.name, bcfg.env.kwargs = env_name, kwargs
         try:  # built on its evaluation split (HumanEval and local files have no training problems)
@@ -179,19 +190,16 @@ def evaluate_benchmarks(target: str, specs: Sequence[str], overrides: Sequence[s
             raise BenchmarkError(f"benchmark {spec!r} ({env_name}, {kwargs}) cannot be built: {one_line(e)}") from None
         if len(policy_ids) == 1:
             agent_to_policy = {a: policy_ids[0] for a in probe.agents}
-        elif set(probe.agents) <= set(state.agent_to_policy):
-            agent_to_policy = {a: state.agent_to_policy[a] for a in probe.agents}
+        elif set(probe.agents) <= set(run_agents):
+            agent_to_policy = {a: run_agents[a] for a in probe.agents}
         else:
             raise BenchmarkError(f"benchmark {spec!r} has agents {', '.join(probe.agents)}; this run's policies serve "
-                                 f"{', '.join(state.agent_to_policy)} ({cfg.policy.sharing}: one policy per role)")
+                                 f"{', '.join(run_agents)} ({cfg.policy.sharing}: one policy per role)")
         size = fixed_size(probe)
         count = problems or cfg.eval.problems
         count = min(count, size) if size is not None else count  # a fixed set: each problem once
         plans.append((name, spec, env_name, kwargs, make_env, agent_to_policy, count, size))
-    names = [p[0] for p in plans]
-    if len(set(names)) != len(names):
-        raise BenchmarkError(f"--benchmarks names a benchmark twice: {', '.join(names)}")
-    out_dir = out or (os.path.join(target, "eval") if os.path.isdir(target) else "eval_out")
+    state = eval_state(target, cfg, progress)  # the work starts here: models built, warm start, final weights
     os.makedirs(out_dir, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
     for name, spec, env_name, kwargs, make_env, agent_to_policy, count, size in plans:

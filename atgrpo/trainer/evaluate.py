@@ -15,6 +15,7 @@ from ..rollout.records import EpisodeResult
 from ..rollout.sampling import Sampling
 from ..rollout.tree import tree_rollout
 from .checkpoint import load_model_weights
+from .eval_target import eval_config
 from .atomic_files import verify_dir
 from .run_dir import RunError
 from .setup import eval_sampling
@@ -78,20 +79,17 @@ def evaluate_target(target: str, overrides: list[str], progress: bool = True) ->
 def load_eval_state(target: str, overrides: list[str], progress: bool = True) -> tuple[Config, TrainState]:
     """The config and the policies to evaluate: a run directory's final checkpoint, or a config's fresh
     policies (warm-started if it says so)."""
+    cfg = eval_config(target, overrides)
+    return cfg, eval_state(target, cfg, progress)
+
+
+def eval_state(target: str, cfg: Config, progress: bool = True) -> TrainState:
+    """The policies ``eval_config``'s target evaluates: the run's final ones, or fresh ones warm-started if the
+    config says so (the no-RL baselines)."""
+    check_model_path(cfg)
+    state = build_state_checked(cfg)
     if os.path.isdir(target):
-        cfg_path = os.path.join(target, "config.yaml")
-        if not os.path.exists(cfg_path):
-            raise ConfigError(f"{target} is not a run directory (no config.yaml)")
-        cfg = load_config(cfg_path, overrides, training=False)
-        check_model_path(cfg)
-        state = build_state_checked(cfg)
         load_policies(state, os.path.join(target, "checkpoint", "final"))
-    elif os.path.exists(target):
-        cfg = load_config(target, overrides, training=False)
-        check_model_path(cfg)
-        state = build_state_checked(cfg)
-        if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
-            warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
-    else:
-        raise ConfigError(f"{target!r} is neither a run directory nor a config file")
-    return cfg, state
+    elif cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
+        warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
+    return state

@@ -8,7 +8,9 @@ what ``--resume`` continues from, see checkpoint.py), checkpoint/final/<policy>/
 Reliability: one run per directory (a lock held for the run's life); a resumed run continues from its last
 checkpoint and writes the same metrics rows as an uninterrupted one (everything random in a step comes from
 the restored generator and ``problem_seed``); SIGINT / SIGTERM stop between steps after a checkpoint; a run
-stops with ``NonFiniteError`` after ``train.max_nonfinite`` skipped non-finite updates.
+stops with ``NonFiniteError`` after ``train.max_nonfinite`` skipped non-finite updates; a checkpoint that cannot be
+written (a full disk) stops it with ``CheckpointWriteError``, the previous checkpoint intact. On the Ray backend a
+lost rollout or update worker or node is recovered from without a person (``recovery.py``).
 """
 
 from __future__ import annotations
@@ -33,16 +35,21 @@ from .checkpoint import (CHECKPOINT_DIR, Checkpoint, latest_checkpoint, load_ref
                          restore_newest_intact, save_checkpoint, save_policies, save_references)
 from .evaluate import run_eval
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
+from .recovery import Recovery, RecoveryExhausted, recover
 from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line
 from .state import TrainState, build_state_checked, check_model_path
 from .step import train_step
 from .warmstart import warm_start
 
-__all__ = ["train", "NonFiniteError", "TrainingInterrupted"]
+__all__ = ["train", "NonFiniteError", "TrainingInterrupted", "CheckpointWriteError", "RecoveryExhausted"]
 
 
 class NonFiniteError(RunError):
     """Too many updates were skipped for a non-finite loss or gradient (``train.max_nonfinite``)."""
+
+
+class CheckpointWriteError(Exception):
+    """A checkpoint could not be written (a full disk, no permission); the previous one is intact."""
 
 
 class TrainingInterrupted(Exception):
@@ -136,13 +143,29 @@ class Run:
     nonfinite: int = 0  # updates skipped for a non-finite loss or gradient, all steps
     saved: int | None = None  # the step of the newest checkpoint on disk
     say: Callable[..., None] = print
+    saved_at: float = field(default_factory=time.time)  # when that checkpoint was written (or the run resumed)
+    recoveries: list[Recovery] = field(default_factory=list)  # Ray: lost workers recovered from, this process
+    failures: int = 0  # Ray: recoveries started (one whose rebuild lost a worker too counts), this process
+    lost_s: float = 0.0  # seconds lost to recoveries since the last metrics row
 
     def checkpoint(self) -> str:
         self.state.backend.pull_state(self.state)  # Ray: the optimizer states live on the update workers
-        path = save_checkpoint(self.run_dir, self.state, {
-            "rows": self.rows, "evals": self.evals, "eval_before": self.before, "warmstart_done": True,
-            "warmstart": self.summary.get("warmstart"), "nonfinite": self.nonfinite}, self.cfg.train.keep_checkpoints)
-        self.saved = self.state.step
+        try:
+            path = save_checkpoint(self.run_dir, self.state, {
+                "rows": self.rows, "evals": self.evals, "eval_before": self.before, "warmstart_done": True,
+                "warmstart": self.summary.get("warmstart"), "nonfinite": self.nonfinite},
+                self.cfg.train.keep_checkpoints)
+        except Exception as e:  # written into a .tmp-* directory, removed again: older checkpoints are untouched
+            why = _io_error(e)
+            if why is None:
+                raise
+            last = latest_checkpoint(self.run_dir)
+            raise CheckpointWriteError(
+                f"could not write the checkpoint of step {self.state.step} in {self.run_dir} "
+                f"({why}); " + (f"the previous checkpoint {last.path} is intact: make room, "
+                f"then continue with: atgrpo train --resume {self.run_dir}" if last else
+                "no earlier checkpoint: make room and start the run again")) from e
+        self.saved, self.saved_at = self.state.step, time.time()
         return path
 
     def log(self, step: int, metrics: dict[str, Any], samples: list) -> None:
@@ -188,6 +211,17 @@ class Run:
                 f"train.max_nonfinite")
 
 
+def _io_error(e: BaseException) -> str | None:
+    """What an I/O failure was (``No space left on device``), for an ``OSError`` or a library's error that wraps
+    one (safetensors: "I/O error: ... (os error 28)"); None for anything else (a bug: raised as it is)."""
+    import re
+
+    if isinstance(e, OSError):
+        return e.strerror or one_line(e)
+    m = re.search(r"\(os error (\d+)\)", str(e))
+    return os.strerror(int(m.group(1))) if m else None
+
+
 def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal,
            started: list[bool]) -> dict[str, Any]:
     start = time.time()
@@ -200,6 +234,8 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
     run = opened
     try:
         _start_backend(run)
+        if cfg.system.backend == "ray" and run.saved is None:
+            run.checkpoint()  # step 0: what a recovery (or --resume) before the first scheduled one goes back to
         _loop(run, stop)
         if run.saved != run.state.step:  # the end of the run (train.steps=0) or a stop before the next scheduled one
             run.checkpoint()
@@ -321,16 +357,37 @@ def _start_backend(run: Run) -> None:
 
 
 def _loop(run: Run, stop: StopOnSignal) -> None:
-    """The training loop: a step, its metrics (and the held-out evaluation when due), a checkpoint when due."""
+    """The training loop; on the Ray backend a lost worker or node is recovered from (``recovery.recover``:
+    back to the last checkpoint, the steps since redone), up to ``system.ray.max_failures`` times."""
+    from .ray.faults import WorkerLost
+
+    at, lost = [run.state.step], None  # the step in progress; the loss to recover from
+    while True:
+        try:
+            if lost is not None:  # a worker lost while the pools start again is one more loss
+                recover(run, lost, at[0])
+                lost = None
+            return _steps(run, stop, at)
+        except WorkerLost as e:
+            lost = e
+
+
+def _steps(run: Run, stop: StopOnSignal, at: list[int]) -> None:
+    """The steps from the state's: a step, its metrics (and the held-out evaluation when due), a checkpoint when
+    due. ``at[0]``: the step in progress (for a recovery)."""
     cfg, state = run.cfg, run.state
     for step in range(state.step + 1, cfg.train.steps + 1):
         if stop.requested:
             break
+        at[0] = step
         result = train_step(state, step)
         state.step = step
         eval_episodes = None
         metrics, skipped = result.metrics(), result.skipped_nonfinite
         metrics["update/skipped_nonfinite_total"] = float(run.nonfinite + skipped)
+        if cfg.system.backend == "ray":  # the recoveries so far, and the seconds they lost since the last row
+            metrics["ray/recoveries"] = float(len(run.recoveries))
+            metrics["time/ray_recovery_lost"], run.lost_s = run.lost_s, 0.0
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
             ev, eval_episodes = run_eval(state, cfg.seed)
             metrics.update({f"eval/{k}": v for k, v in ev.items()})
@@ -349,6 +406,8 @@ def _finish(run: Run, after: dict[str, float], episodes: list, start: float) -> 
     cfg, run_dir, summary = run.cfg, run.run_dir, run.summary
     summary["eval_after"] = after
     summary["wall_seconds"] = time.time() - start
+    if cfg.system.backend == "ray":
+        summary["recoveries"] = [vars(r) for r in run.recoveries]
     write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(run.state, d))
     if cfg.train.plot and run.rows:
         summary["plot"] = plot_curves(run_dir, run.rows, run.evals)

@@ -5,7 +5,7 @@
   (``EnvWorker``) and start in a second.
 - ``workers``: the rollout and update actors, ``RemotePolicy`` (the driver's face of a policy whose ``generate``
   runs on its rollout workers) and weight transfer. Imports torch and ray; the driver imports it lazily.
-- ``partition``: pure helpers both use.
+- ``partition``: pure helpers both use; ``faults``: which Ray errors mean a lost worker (``WorkerLost``, ``gather``).
 
 ``workers`` never imports ``driver``. The mini-batch plan of a data-parallel update (mini-batches of whole prompt
 groups, their shards per rank, the normalisers) is the local update's own: ``trainer.update.plan_minibatches``.

@@ -24,7 +24,8 @@ reading its weights or optimizer state is then a collective, so the driver calls
 
 Faults: an environment worker that dies (``RayActorError``) is replaced and its work resubmitted, up to
 ``system.ray.env_retries`` times per task, then the step fails loudly. A dead rollout or update worker fails
-the step (a data-parallel group cannot lose a rank). Samples sent to update workers and samples trained are
+the step with ``faults.WorkerLost`` naming it (every wait on a pool goes through ``faults.gather``); the run then
+recovers (``trainer/recovery.py``: ``rebuild`` here, the last checkpoint restored, the steps since redone). Samples sent to update workers and samples trained are
 counted; any difference is logged as ``ray/dropped_samples`` (and is 0 unless something is wrong).
 """
 
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ...rollout.records import Sample
 from ...rollout.tree import step_clones
+from .faults import gather
 from .partition import split_even
 
 if TYPE_CHECKING:  # this module's top level stays free of torch and ray: environment workers start in a second
@@ -49,9 +51,16 @@ READY_TIMEOUT_S = 300.0  # actors import torch and build a model: minutes on a l
 @dataclass
 class Pool:
     """One policy's resources: its placement group, rollout workers and update workers (rank order)."""
+    pid: str
     pg: Any
     rollout: list = field(default_factory=list)
     update: list = field(default_factory=list)
+
+    def rollout_names(self) -> list[str]:
+        return [f"rollout worker {i} of policy {self.pid!r}" for i in range(len(self.rollout))]
+
+    def update_names(self) -> list[str]:
+        return [f"update worker {i} of policy {self.pid!r}" for i in range(len(self.update))]
 
 
 def ray_shares(cfg: Config, n_policies: int, ray, owns_ray: bool) -> tuple[float, float]:
@@ -106,13 +115,10 @@ class RayBackend:
 
     def __init__(self, cfg: Config):
         import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from ...config import local_ray_cpus
         from ...config.checks import route_agents
         from ..setup import env_factory
-        from . import workers as rw
 
         self.cfg, r = cfg, cfg.system.ray
         self._owns_ray = not ray.is_initialized()
@@ -129,13 +135,31 @@ class RayBackend:
             if self._owns_ray:
                 ray.shutdown()
             raise
-        bundle = {"CPU": self.cpus_per_worker, **({"GPU": r.gpus_per_worker} if r.gpus_per_worker > 0 else {})}
+        self._env_actor = ray.remote(EnvWorker)
+        self._make_workers()
+        self.counters: dict[str, float] = {}
+        self._reset_counters()
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    def _make_workers(self) -> None:
+        """Every policy's pool (a placement group with ``system.ray.placement``'s strategy, its bundles holding
+        ``pool_resources``' custom resources) and the environment workers; they start in the background."""
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from . import workers as rw
+
+        cfg, r = self.cfg, self.cfg.system.ray
         self.pools: dict[str, Pool] = {}
         for pid in self.policy_ids:
-            pg = placement_group([dict(bundle)] * (r.num_rollout_workers + r.num_update_workers), strategy="PACK")
-            pool = self.pools[pid] = Pool(pg)
+            extra = dict(r.pool_resources.get(pid, {}))
+            bundle = {"CPU": self.cpus_per_worker, **({"GPU": r.gpus_per_worker} if r.gpus_per_worker > 0 else {}),
+                      **extra}
+            pg = placement_group([dict(bundle)] * (r.num_rollout_workers + r.num_update_workers),
+                                 strategy=r.placement.upper())
+            pool = self.pools[pid] = Pool(pid, pg)
             for i in range(r.num_rollout_workers + r.num_update_workers):
-                opts = dict(num_cpus=self.cpus_per_worker, num_gpus=r.gpus_per_worker,
+                opts = dict(num_cpus=self.cpus_per_worker, num_gpus=r.gpus_per_worker, resources=extra,
                             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i))
                 if i < r.num_rollout_workers:
                     pool.rollout.append(rw.RolloutWorker.options(**opts).remote(cfg, pid, self.policy_ids))
@@ -143,14 +167,28 @@ class RayBackend:
                     rank = i - r.num_rollout_workers
                     pool.update.append(rw.UpdateWorker.options(**opts).remote(
                         cfg, pid, self.policy_ids, rank, r.num_update_workers))
-        self._env_actor = ray.remote(EnvWorker)
         self.env_workers = [self._new_env_worker() for _ in range(r.num_env_workers)]
         self._state = None  # the TrainState whose weights the workers hold
         self._started = False
-        self.counters: dict[str, float] = {}
-        self._reset_counters()
 
-    # ---- lifecycle ---------------------------------------------------------------------------------------
+    def _release_workers(self) -> None:
+        """Kill every worker (dead ones too: killing is idempotent) and remove the placement groups."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        for w in [w for p in self.pools.values() for w in p.rollout + p.update] + self.env_workers:
+            ray.kill(w)
+        for pool in self.pools.values():
+            remove_placement_group(pool.pg)
+        self.pools, self.env_workers = {}, []
+
+    def rebuild(self) -> None:
+        """After a lost worker or node: every pool and environment worker anew, on what the cluster still has,
+        started (placed, ready, process groups formed); they receive the driver's state at the next step."""
+        self._release_workers()
+        self._make_workers()
+        self._start()
+
     def _new_env_worker(self):
         return self._env_actor.options(num_cpus=self.cpus_per_env_worker).remote()
 
@@ -168,13 +206,16 @@ class RayBackend:
                     f"{_plain(ray.cluster_resources())} in all, {_plain(ray.available_resources())} free. Lower "
                     f"system.ray.cpus_per_worker or the worker counts, or add resources (system.ray.num_cpus "
                     f"for a local cluster)")
-        everyone = [w for p in self.pools.values() for w in p.rollout + p.update] + self.env_workers
-        ray.get([w.ready.remote() for w in everyone], timeout=READY_TIMEOUT_S)
-        groups = []
-        for pool in self.pools.values():
-            addr, port = ray.get(pool.update[0].rendezvous.remote())
+        pools = list(self.pools.values())
+        gather([w.ready.remote() for p in pools for w in p.rollout + p.update],
+               [n for p in pools for n in p.rollout_names() + p.update_names()])
+        ray.get([w.ready.remote() for w in self.env_workers], timeout=READY_TIMEOUT_S)
+        groups, names = [], []
+        for pool in pools:
+            addr, port = gather([pool.update[0].rendezvous.remote()], pool.update_names()[:1])[0]
             groups += [w.init_group.remote(addr, port) for w in pool.update]
-        ray.get(groups, timeout=READY_TIMEOUT_S)
+            names += pool.update_names()
+        gather(groups, names)
         self._started = True
 
     def attach(self, state) -> None:
@@ -186,26 +227,22 @@ class RayBackend:
 
         if not self._started:
             self._start()
-        t, refs = time.perf_counter(), []
+        t, refs, names = time.perf_counter(), [], []
         for pid, pool in self.pools.items():
             w = ray.put(trainable_state(state.policies[pid].model))
             opt = ray.put(state.optimizers[pid].state_dict())
             ref = state.references.get(pid)
             ref = ray.put(trainable_state(ref.model)) if ref is not None else None
             refs += [u.load.remote(w, opt, ref) for u in pool.update] + [r.load.remote(w) for r in pool.rollout]
-        ray.get(refs)
+            names += pool.update_names() + pool.rollout_names()
+        gather(refs, names)
         self._state = state
         self.counters["time/ray_attach"] += time.perf_counter() - t
 
     def close(self) -> None:
         import ray
-        from ray.util.placement_group import remove_placement_group
 
-        for w in [w for p in self.pools.values() for w in p.rollout + p.update] + self.env_workers:
-            ray.kill(w)
-        for pool in self.pools.values():
-            remove_placement_group(pool.pg)
-        self.pools, self.env_workers = {}, []
+        self._release_workers()
         if self._owns_ray:
             ray.shutdown()
 
@@ -219,7 +256,8 @@ class RayBackend:
 
         if self._state is not state:
             self.attach(state)
-        return {pid: RemotePolicy(state.policies[pid], self.pools[pid].rollout) for pid in self.policy_ids}
+        return {pid: RemotePolicy(state.policies[pid], self.pools[pid].rollout, self.pools[pid].rollout_names())
+                for pid in self.policy_ids}
 
     def step_envs(self, envs: Sequence, texts: Sequence[Sequence[str]]) -> list:
         """``rollout.tree.step_clones`` on the environment workers, one contiguous share of the problems each;
@@ -260,8 +298,6 @@ class RayBackend:
 
     def update(self, state, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
         """Every policy's update on its own update workers, concurrently; then weight sync."""
-        import ray
-
         from ..update import UpdateStats, plan_minibatches
 
         algo, temp = self.cfg.algo, self.cfg.rollout.temperature
@@ -276,7 +312,7 @@ class RayBackend:
                           for rank, w in enumerate(workers)]
             sent[pid] = len(batch)
         for pid, refs in calls.items():
-            outs = ray.get(refs)
+            outs = gather(refs, self.pools[pid].update_names())
             steps = {o[0].optimizer_steps for o in outs}
             assert len(steps) == 1, f"policy {pid}: update ranks disagree on optimizer steps {steps}"
             stats[pid] = outs[0][0]
@@ -285,11 +321,13 @@ class RayBackend:
         return stats
 
     def _from_rank0(self, pool: Pool, method: str):
-        """The object ref of rank 0's ``method()``; with sharded update workers the call is a collective, so every
-        rank makes it (the others return {})."""
+        """The object ref of rank 0's ``method()``, once every rank's call has succeeded; with sharded update
+        workers the call is a collective, so every rank makes it (the others return {})."""
         r = self.cfg.system.ray
         ranks = pool.update if r.update_sharding == "fsdp" and len(pool.update) > 1 else pool.update[:1]
-        return [getattr(w, method).remote() for w in ranks][0]
+        refs = [getattr(w, method).remote() for w in ranks]
+        gather(refs, pool.update_names()[:len(refs)])
+        return refs[0]
 
     def _sync_weights(self, state, pids: list[str]) -> None:
         """Rank 0's trainable weights to the policy's rollout workers (one object-store copy) and the driver."""
@@ -302,7 +340,7 @@ class RayBackend:
         loads = [r.load.remote(wrefs[pid]) for pid in pids for r in self.pools[pid].rollout]
         for pid in pids:
             load_trainable(state.policies[pid].model, ray.get(wrefs[pid]))
-        ray.get(loads)
+        gather(loads, [n for pid in pids for n in self.pools[pid].rollout_names()])
         self.counters["time/ray_sync"] += time.perf_counter() - t
 
     def pull_state(self, state) -> None:

@@ -35,6 +35,7 @@ from ...config import Config
 from ...rollout.records import Sample
 from ..setup import build_policy
 from ..update import UpdateStats, epoch_update, make_optimizer
+from .faults import gather
 from .partition import split_even
 
 
@@ -67,8 +68,9 @@ class RemotePolicy:
     """The driver's face of a policy whose ``generate`` runs on its rollout workers. Prompts are rendered and
     tokenised here (by the driver's copy); the rollout loop (``rollout/tree.py``) cannot tell the difference."""
 
-    def __init__(self, local, workers: list):
+    def __init__(self, local, workers: list, names: list[str] | None = None):
         self.local, self.workers, self.policy_id = local, workers, local.policy_id
+        self.names = names or [f"rollout worker {i}" for i in range(len(workers))]
 
     def render(self, prompt):
         return self.local.render(prompt)
@@ -85,7 +87,8 @@ class RemotePolicy:
             return []
         if len(self.workers) == 1:  # the run's own random stream: identical to the local backend
             state = generator.get_state() if generator is not None else None
-            comps, state = ray.get(self.workers[0].generate.remote(prompt_ids, n, temperature, max_new_tokens, state))
+            [(comps, state)] = gather([self.workers[0].generate.remote(prompt_ids, n, temperature, max_new_tokens,
+                                                                       state)], self.names[:1])
             if generator is not None:
                 generator.set_state(state)
             return comps
@@ -93,7 +96,7 @@ class RemotePolicy:
         seeds = torch.randint(0, 2**62, (len(parts),), generator=generator).tolist()
         refs = [w.generate.remote([prompt_ids[i] for i in part], n, temperature, max_new_tokens, seed)
                 for w, part, seed in zip(self.workers, parts, seeds)]
-        return [c for comps, _ in ray.get(refs) for c in comps]
+        return [c for comps, _ in gather(refs, self.names[:len(refs)]) for c in comps]
 
 
 # ---- actors ----------------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""A disk that fills while a checkpoint is written (a real 4 MiB tmpfs, mounted as root; skipped otherwise): the
+run stops with one line that names the intact previous checkpoint, that checkpoint loads, nothing the run
+had written is lost, and once there is room ``--resume`` finishes the run with the rows of an uninterrupted one."""
+
+import os
+import subprocess
+
+import pytest
+
+from atgrpo.cli import main
+from atgrpo.config import load_config
+from atgrpo.trainer import checkpoint as ck
+from atgrpo.trainer.state import build_state
+
+from conftest import FAST
+from fault_helpers import before_step, run_rows
+
+ITEMS = FAST + ["warmstart.enabled=false", "train.steps=3", "train.checkpoint_every=1", "eval.problems=2"]
+ROOM = 24 * 1024  # bytes left free before step 2: its metrics row fits, its checkpoint (~100 KB) does not
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    d = tmp_path / "disk"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(d)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        yield str(d)
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def _files(root: str) -> dict[str, bytes]:
+    out = {}
+    for parent, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(parent, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out
+
+
+def test_a_disk_that_fills_mid_checkpoint_stops_in_one_line_and_loses_nothing(small_disk, tmp_path, monkeypatch,
+                                                                                capsys):
+    out, filler, seen = os.path.join(small_disk, "run"), os.path.join(small_disk, "filler"), {}
+
+    def fill(state):  # before step 2: what the run wrote so far, then the disk full but for ROOM bytes
+        seen.update(_files(out))
+        st = os.statvfs(small_disk)
+        with open(filler, "wb") as f:
+            f.write(b"\0" * (st.f_bavail * st.f_frsize - ROOM))
+    before_step(monkeypatch, 2, fill)
+    rc = main(["train", *ITEMS, "--out", out, "--quiet"])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    step1 = os.path.join(out, "checkpoint", "step_1")
+    assert rc == 1 and len(lines) == 1, lines
+    assert lines[0] == (f"atgrpo: error: could not write the checkpoint of step 2 in {out} (No space left on "
+                        f"device); the previous checkpoint {step1} is intact: make room, then continue with: "
+                        f"atgrpo train --resume {out}")
+    now = _files(out)
+    seen.pop(".lock")  # holds the pid while the run lives, emptied when it ends
+    for name, data in seen.items():  # nothing lost: every file as it was (metrics.jsonl only grew)
+        assert now[name][:len(data)] == data if name == "metrics.jsonl" else now[name] == data, name
+    assert [r["step"] for r in run_rows(out)] == [1, 2]
+    assert sorted(os.listdir(os.path.join(out, "checkpoint"))) == ["step_1"]  # no .tmp-* left over
+    state = build_state(load_config(None, ITEMS))
+    ckpt, _ = ck.restore_newest_intact(out, state, warn=pytest.fail)
+    assert ckpt.step == 1 and state.step == 1
+
+    os.remove(filler)  # room again: the run continues from step 1 and ends as an uninterrupted run
+    assert main(["train", "--resume", out, "--quiet"]) == 0
+    ref = str(tmp_path / "ref")
+    assert main(["train", *ITEMS, "--out", ref, "--quiet"]) == 0
+    assert run_rows(out) == run_rows(ref)
