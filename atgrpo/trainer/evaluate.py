@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..config import Config, ConfigError, load_config
+from ..config import Config
 from ..envs import MultiAgentEnv
 from ..policies.protocol import Policy
 from ..rollout.records import EpisodeResult
