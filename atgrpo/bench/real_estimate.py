@@ -1,0 +1,55 @@
+"""How long a cell of the real-model table takes: measured when cells of its task and row have finished, else a
+rough cost model of its config (for ``atgrpo bench real-table --dry-run`` and the progress lines).
+
+The cost model counts the work a config asks for and prices it with three constants fitted to two measured
+SmolLM2-135M runs on a quiet 2-core AMD EPYC with 2 torch threads (docs/results.md, "A real pretrained model"):
+
+- warm start: demonstrations x epochs x (prompt + response tokens) at ``WARM_S_PER_TOKEN`` (math L1: about 86
+  demonstrations of about 190 tokens took 123 s);
+- RL steps and evaluations: every sampled response (rollouts: problems x K x agents x turns per step;
+  evaluations: problems x agents x turns each) at ``S_PER_SAMPLE + S_PER_TOKEN x max_new_tokens``, fitted so
+  that math L1 (about 1320 responses of <= 40 tokens after its warm start: 860 s) and Plan-Path 5x5 L1 (about
+  590 responses of <= 360 tokens: 1813 s) come out as measured.
+
+The prompt lengths and turns per episode below are estimates per task, not measurements. With one torch thread
+on a busy machine a cell takes longer; its measured time replaces the estimate once it has finished.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+WARM_S_PER_TOKEN = 6.7e-3
+S_PER_SAMPLE = 0.35
+S_PER_TOKEN = 7.6e-3
+# chat prompt tokens and turns per episode, per task (estimates)
+PROMPT_TOKENS = {"math": 150, "plan_path": 450, "sokoban": 500, "sudoku": 400, "code": 450}
+TURNS = {"math": 1.8, "plan_path": 1.5, "sokoban": 2.0, "sudoku": 1.5, "code": 2.0}
+
+
+def evaluations(steps: int, every: int) -> int:
+    """Held-out evaluations of a run: before RL, every ``every`` steps before the last, and after RL."""
+    middle = len([s for s in range(every, steps, every)]) if every else 0
+    return 2 + middle
+
+
+def model_seconds(task: str, cfg: Any) -> float:
+    """The cost model's seconds for one run of ``cfg`` (a loaded Config) of ``task``."""
+    agents = 1 if cfg.policy.sharing == "L0" else 2
+    turns = TURNS.get(task, 2.0)
+    new = cfg.rollout.max_new_tokens
+    demos = cfg.warmstart.episodes * agents * turns * cfg.warmstart.epochs if cfg.warmstart.enabled else 0
+    warm = demos * (PROMPT_TOKENS.get(task, 500) + new) * WARM_S_PER_TOKEN
+    samples = cfg.train.steps * cfg.rollout.problems_per_step * cfg.rollout.K * agents * turns
+    samples += evaluations(cfg.train.steps, cfg.eval.every) * cfg.eval.problems * agents * turns
+    return warm + samples * (S_PER_SAMPLE + S_PER_TOKEN * new)
+
+
+def estimate(task: str, row: str, cfg: Any, finished: list[dict[str, Any]]) -> tuple[float, str]:
+    """A cell's estimated seconds and where it comes from: the mean wall time of the finished cells of the same
+    task and row ("measured"), else the cost model ("model")."""
+    times = [c["wall_seconds"] for c in finished if c["task"] == task and c["row"] == row]
+    if times:
+        return statistics.fmean(times), "measured"
+    return model_seconds(task, cfg), "model"
