@@ -165,7 +165,7 @@ def write_configs(directory: str = CONFIG_DIR) -> list[str]:
             source = [k for k, v in NO_RL_SOURCE.items() if v == row]
             note = (f"# {task}, '{ROW_TITLES[row]}': one cell of `atgrpo bench real-table` (seed 0; add seed=N)."
                     + (f"\n# Its evaluation before RL is the row '{ROW_TITLES[source[0]]}'." if source else "")
-                    + f"\n# Written by `python -m atgrpo.bench.real_table --write-configs {directory}`; do not edit"
+                    + f"\n# Written by `python -m atgrpo.bench.real_table --write-configs {CONFIG_DIR}`; do not edit"
                     " by hand\n# (tests/test_real_table.py checks these files against atgrpo/bench/real_table.py).\n")
             path = os.path.join(directory, f"{task}_{row}.yaml")
             with open(path, "w") as f:
