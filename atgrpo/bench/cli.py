@@ -77,7 +77,8 @@ def run(args) -> int:
 
         result = run_real_table(args.out if args.out != "bench_out" else DEFAULT_OUT, args.runs or DEFAULT_RUNS,
                                 parse_list(args.tasks), parse_list(args.rows), parse_list(args.seeds, int),
-                                args.dry_run, args.report_only, keep_checkpoints=args.keep_checkpoints)
+                                args.dry_run, args.report_only, progress=True,
+                                keep_checkpoints=args.keep_checkpoints)
         return 1 if result["failed"] else 0
     if args.which == "learning":
         from .learning import run_learning_bench

@@ -119,12 +119,17 @@ def plan(cells: list[Cell], out: str, extra: list[str], root: str = ".") -> list
     return rows
 
 
+BUDGET_S = 30 * 60  # the table's per-cell budget on 2 cores
+
+
 def plan_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """The plan as text: one line per cell, then the totals."""
+    """The plan as text: one line per cell (a cell estimated over the 30-minute budget is marked), then the
+    totals."""
     lines = []
     for r in rows:
         state = "done" if r["done"] else "todo"
-        lines.append(f"{r['cell'].name:28s} {state}  ~{r['seconds'] / 60:5.1f} min ({r['source']})")
+        over = "  OVER the 30 min budget" if r["seconds"] > BUDGET_S else ""
+        lines.append(f"{r['cell'].name:28s} {state}  ~{r['seconds'] / 60:5.1f} min ({r['source']}){over}")
     todo = [r for r in rows if not r["done"]]
     lines.append(f"{len(rows)} cells, {len(rows) - len(todo)} done, {len(todo)} to run: "
                  f"~{sum(r['seconds'] for r in todo) / 3600:.1f} h estimated")
