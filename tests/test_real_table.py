@@ -135,3 +135,13 @@ def test_rerun_skips_finished_cells_and_dry_run_uses_their_times(tiny_table, tmp
     assert len(lines) == 5 and "math/mas_L1/seed1" in lines[1] and "todo" in lines[1] and "(measured)" in lines[1]
     assert lines[-1].startswith("4 cells, 1 done, 3 to run")
     assert not (tmp_path / "runs").exists() and dry["table"] is None
+
+
+def test_plan_lines_mark_cells_estimated_over_the_budget():
+    from atgrpo.bench.real_cells import plan_lines
+
+    rows = [{"cell": rt.Cell("sokoban", "mas_L1", 0), "done": False, "seconds": 31 * 60, "source": "model"},
+            {"cell": rt.Cell("math", "mas_L1", 0), "done": True, "seconds": 20 * 60, "source": "measured"}]
+    lines = plan_lines(rows)
+    assert "OVER the 30 min budget" in lines[0] and "OVER" not in lines[1] and "done" in lines[1]
+    assert lines[-1] == "2 cells, 1 done, 1 to run: ~0.5 h estimated"  # only the cells to run count
