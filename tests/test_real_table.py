@@ -145,3 +145,17 @@ def test_plan_lines_mark_cells_estimated_over_the_budget():
     lines = plan_lines(rows)
     assert "OVER the 30 min budget" in lines[0] and "OVER" not in lines[1] and "done" in lines[1]
     assert lines[-1] == "2 cells, 1 done, 1 to run: ~0.5 h estimated"  # only the cells to run count
+
+
+def test_a_failed_cell_stays_todo_and_its_time_counts_when_it_is_rerun(tmp_path):
+    """A cell that raises part-way is reported, writes no cell file, and keeps its time spent; the next
+    invocation runs it again (its run directory resumed) and the cell's wall time includes the first attempt."""
+    out, runs, cell = str(tmp_path / "out"), str(tmp_path / "runs"), rt.Cell("math", "mas_L1", 1)
+    bad = run_real_table(out, runs, ["math"], ["mas_L1"], [1], extra=TINY + ["model.max_prompt_tokens=8"],
+                         root=str(ROOT), say=lambda _: None)
+    assert [f["cell"] for f in bad["failed"]] == ["math/mas_L1/seed1"] and "max_prompt_tokens" in bad["failed"][0]["error"]
+    assert not os.path.exists(cell_file(out, cell)) and "math/mas_L1/seed1" in bad["table"]["missing"]
+    first = json.loads(Path(runs, "math", "mas_L1", "seed1", "cell_wall.json").read_text())["seconds"]
+    good = run_real_table(out, runs, ["math"], ["mas_L1"], [1], extra=TINY, root=str(ROOT), say=lambda _: None)
+    assert good["failed"] == [] and good["table"]["table"]["math"]["mas_L1"]["n"] == 1
+    assert json.loads(Path(cell_file(out, cell)).read_text())["wall_seconds"] > first > 0

@@ -77,18 +77,37 @@ def evals_of(directory: str, summary: dict[str, Any]) -> tuple[list[list[float]]
     return evals, int(samples)
 
 
+WALL_FILE = "cell_wall.json"  # in a run directory: seconds spent in earlier, interrupted attempts at the cell
+
+
+def earlier_seconds(directory: str) -> float:
+    """Seconds spent on the cell by earlier attempts that stopped part-way (0 for a fresh cell)."""
+    try:
+        with open(os.path.join(directory, WALL_FILE)) as f:
+            return float(json.load(f)["seconds"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
 def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".", progress: bool = False,
              keep_checkpoints: bool = False) -> dict[str, Any]:
-    """Train one cell (resuming its run directory when one is there) and write its result file at once."""
+    """Train one cell (resuming its run directory when one is there) and write its result file at once. Its
+    wall time includes earlier attempts that stopped part-way (``WALL_FILE``)."""
     from ..trainer.atomic_files import atomic_write_text
     from ..trainer.run import train
 
     cfg = cell_config(cell, extra, root)
     directory = run_dir(runs, cell)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    start = time.time()
-    summary = train(cfg, directory, progress=progress, resume=os.path.isdir(directory))
-    wall = time.time() - start
+    start, before = time.time(), earlier_seconds(directory)
+    try:
+        summary = train(cfg, directory, progress=progress, resume=os.path.isdir(directory))
+    except BaseException:  # stopped part-way (a signal, a crash): keep the time spent for the resumed cell's total
+        if os.path.isdir(directory):
+            atomic_write_text(os.path.join(directory, WALL_FILE),
+                              json.dumps({"seconds": before + time.time() - start}) + "\n")
+        raise
+    wall = before + time.time() - start
     evals, samples = evals_of(directory, summary)
     result = {"task": cell.task, "row": cell.row, "seed": cell.seed,
               "config": os.path.relpath(config_path(cell.task, cell.row, root), root), "extra_overrides": extra,
