@@ -37,10 +37,10 @@ ROW_OVERRIDES = {"single_grpo": ["policy.sharing=L0"], "mas_L1": ["policy.sharin
 
 # The model and the settings every cell shares. One torch thread: the machine is shared and the cells run one
 # after the other; a cell's wall time is measured under that setting.
-COMMON = ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat", "rollout.mode=tree", "algo.micro_batch_size=16",
-          "algo.update_token_budget=4096", "algo.minibatches=2", "warmstart.enabled=true", "warmstart.batch_size=8",
-          "warmstart.token_budget=4096", "warmstart.epochs=1", "eval.temperature=0.0", "train.threads=1",
-          "train.tensorboard=false"]
+COMMON = ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat", "rollout.mode=tree",
+          "algo.micro_batch_size=16", "algo.update_token_budget=4096", "algo.minibatches=2", "warmstart.enabled=true",
+          "warmstart.batch_size=8", "warmstart.token_budget=4096", "warmstart.epochs=1", "eval.temperature=0.0",
+          "train.threads=1", "train.tensorboard=false"]
 
 # Each task's team cell (L1), over COMMON. Held-out problems: 50 in every cell. In the games the plan agent (the
 # single agent's only role) answers a move list or a grid: its responses are capped far below the tool's programs.
@@ -57,8 +57,8 @@ TASKS: dict[str, list[str]] = {
     # The expert's program for a 7x7 grid is 332 SmolLM2 tokens at most (5 training grids)
     "plan_path": ["env.name=plan_path", "env.kwargs={size: 7, wall_prob: 0.3, max_turns: 3, tool_mode: code, "
                   "timeout: 2.0}", "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
-                  "rollout.temperature=0.7", "rollout.max_new_tokens=380", "rollout.per_agent={plan: {max_new_tokens: 48}}",
-                  "algo.lr=2.0e-5",
+                  "rollout.temperature=0.7", "rollout.max_new_tokens=380",
+                  "rollout.per_agent={plan: {max_new_tokens: 48}}", "algo.lr=2.0e-5",
                   "warmstart.episodes=24", "warmstart.noise=0.3", "warmstart.lr=3.0e-4", "eval.problems=50",
                   "eval.every=0", "train.steps=5", "train.checkpoint_every=1"],
     # 6x6 rooms with two boxes: the best fixed answer found solves 5 % of the held-out rooms (7x7 with one box: 14 %;
@@ -129,8 +129,10 @@ def row_overrides(task: str, row: str) -> list[str]:
     items = COMMON + TASKS[task] + ROW_OVERRIDES[row]
     if row == "single_grpo":
         episodes, problems = SINGLE_SCALE[task]
-        items = items + [f"warmstart.episodes={round(int(_value(items, 'warmstart.episodes')) * episodes)}",
-                         f"rollout.problems_per_step={round(int(_value(items, 'rollout.problems_per_step')) * problems)}"]
+        team_episodes = int(_value(items, "warmstart.episodes"))
+        team_problems = int(_value(items, "rollout.problems_per_step"))
+        items = items + [f"warmstart.episodes={round(team_episodes * episodes)}",
+                         f"rollout.problems_per_step={round(team_problems * problems)}"]
     return items
 
 
