@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("rollout", "update", "step", "all", "learning", "teams", "experts")
+BENCHES = ("rollout", "update", "step", "all", "learning", "teams", "experts", "real-table")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,10 +38,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
     p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps)")
     p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku,math; experts: of "
-                   "the three games")
+                   "the three games; real-table: of math,plan_path,sokoban,sudoku,code")
+    p.add_argument("--rows", help="real-table: comma-separated subset of single,single_grpo,mas,mas_L1,mas_L3 (a "
+                   "no-RL row runs the RL cell it is read from)")
+    p.add_argument("--dry-run", action="store_true", help="real-table: print the plan and estimated times only")
+    p.add_argument("--report-only", action="store_true", help="real-table: write table.json/table.md from the cell "
+                   "files, run nothing")
+    p.add_argument("--runs", help="real-table: where the cells' run directories go (default runs_real/table)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="real-table: keep each finished cell's "
+                   "checkpoint/ (default: removed, 0.5 GB per model)")
     p.add_argument("--methods", help="learning: comma-separated subset of the RL rows: single_grpo,mas_atgrpo_L1,"
                    "mas_atgrpo_L3,mas_trajectory_grpo")
-    p.add_argument("--seeds", type=int, help="learning, teams: seeds per cell (default 3; --quick: 1)")
+    p.add_argument("--seeds", help="learning, teams: seeds per cell (default 3; --quick: 1); real-table: which "
+                   "seeds, comma-separated (default 0,1)")
     p.add_argument("--jobs", type=int, help="learning, teams: runs side by side, one torch thread each (default: "
                    "cores)")
     p.add_argument("--problems", type=int, default=50, help="experts: held-out instances per game (default 50)")
@@ -68,12 +77,20 @@ def run(args) -> int:
         with open(f"{args.out}/experts.md") as f:
             print(f.read())
         return 0
+    if args.which == "real-table":
+        from .real_command import DEFAULT_OUT, DEFAULT_RUNS, parse_list, run_real_table
+
+        result = run_real_table(args.out if args.out != "bench_out" else DEFAULT_OUT, args.runs or DEFAULT_RUNS,
+                                parse_list(args.tasks), parse_list(args.rows), parse_list(args.seeds, int),
+                                args.dry_run, args.report_only, progress=True,
+                                keep_checkpoints=args.keep_checkpoints)
+        return 1 if result["failed"] else 0
     if args.which == "learning":
         from .learning import run_learning_bench
 
         out = args.out if args.out != "bench_out" else "bench_out/learning"
         result = run_learning_bench(out, "quick" if args.quick else "default",
-                                    args.tasks.split(",") if args.tasks else None, args.seeds, args.jobs,
+                                    args.tasks.split(",") if args.tasks else None, _count(args.seeds), args.jobs,
                                     methods=args.methods.split(",") if args.methods else None)
         with open(f"{out}/results.md") as f:
             print(f.read())
@@ -82,7 +99,7 @@ def run(args) -> int:
         from .teams import run_teams_bench
 
         out = args.out if args.out != "bench_out" else "bench_out/teams"
-        result = run_teams_bench(out, "quick" if args.quick else "default", args.seeds, args.jobs)
+        result = run_teams_bench(out, "quick" if args.quick else "default", _count(args.seeds), args.jobs)
         with open(f"{out}/results.md") as f:
             print(f.read())
         return 1 if result["failed"] else 0
@@ -127,6 +144,15 @@ def run(args) -> int:
         with open(f"{args.out}/{name}_{tag}.md") as f:
             print(f.read())
     return 0
+
+
+def _count(seeds: str | None) -> int | None:
+    """learning, teams: --seeds N, a count of seeds."""
+    if seeds is None:
+        return None
+    if not seeds.isdigit():
+        raise SystemExit(f"atgrpo bench: --seeds takes a count for learning and teams (got {seeds!r})")
+    return int(seeds)
 
 
 def _run_engines(args) -> int:

@@ -1,0 +1,177 @@
+"""Running the real-model table's cells one after the other, each result saved as soon as its cell finishes.
+
+A cell's result is ``<out>/cells/<task>/<row>/seed<k>.json`` (written atomically); a cell whose file exists is
+skipped, so the table can be filled over several invocations. A cell's run directory is
+``<runs>/<task>/<row>/seed<k>/``: a cell stopped part-way (Ctrl-C, a crash) resumes from its last checkpoint the
+next time. After a cell's file is written its run's ``checkpoint/`` is removed (the weights are 0.5 GB per
+model) unless ``keep_checkpoints``; metrics, transcripts and summary stay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Any, Callable
+
+from .real_estimate import estimate
+from .real_table import Cell, config_path
+
+
+def cell_file(out: str, cell: Cell) -> str:
+    return os.path.join(out, "cells", cell.task, cell.row, f"seed{cell.seed}.json")
+
+
+def run_dir(runs: str, cell: Cell) -> str:
+    return os.path.join(runs, cell.task, cell.row, f"seed{cell.seed}")
+
+
+def finished_cells(out: str) -> list[dict[str, Any]]:
+    """Every cell file under ``<out>/cells``, in path order."""
+    found = []
+    root = os.path.join(out, "cells")
+    for dirpath, _, files in sorted(os.walk(root)):
+        for name in sorted(files):
+            if name.endswith(".json"):
+                with open(os.path.join(dirpath, name)) as f:
+                    found.append(json.load(f))
+    return found
+
+
+def cell_config(cell: Cell, extra: list[str], root: str = "."):
+    """The loaded config of a cell: its file, its seed, then ``extra`` overrides (tests: a tiny model)."""
+    from ..config import load_config
+
+    return load_config(config_path(cell.task, cell.row, root), [f"seed={cell.seed}", *extra])
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``unknown`` where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
+def run_precision(directory: str) -> str:
+    """``model.precision`` of the run's resolved config.yaml where the config has that key, else float32."""
+    import yaml
+
+    with open(os.path.join(directory, "config.yaml")) as f:
+        model = (yaml.safe_load(f) or {}).get("model", {})
+    return str(model.get("precision", "float32"))
+
+
+def evals_of(directory: str, summary: dict[str, Any]) -> tuple[list[list[float]], int]:
+    """The held-out success after each evaluation as ``[step, success]`` (step 0: before RL; the last: after
+    RL, which metrics.jsonl logs as its own row), and the responses sampled over the run."""
+    evals, samples = [[0, summary["eval_before"]["success_rate"]]], 0
+    with open(os.path.join(directory, "metrics.jsonl")) as f:
+        for line in f:
+            row = json.loads(line)
+            samples += row.get("rollout/samples", 0)
+            if "eval/success_rate" in row:
+                evals.append([row["step"], row["eval/success_rate"]])
+    return evals, int(samples)
+
+
+WALL_FILE = "cell_wall.json"  # in a run directory: seconds spent in earlier, interrupted attempts at the cell
+
+
+def earlier_seconds(directory: str) -> float:
+    """Seconds spent on the cell by earlier attempts that stopped part-way (0 for a fresh cell)."""
+    try:
+        with open(os.path.join(directory, WALL_FILE)) as f:
+            return float(json.load(f)["seconds"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".", progress: bool = False,
+             keep_checkpoints: bool = False) -> dict[str, Any]:
+    """Train one cell (resuming its run directory when one is there) and write its result file at once. Its
+    wall time includes earlier attempts that stopped part-way (``WALL_FILE``)."""
+    from ..trainer.atomic_files import atomic_write_text
+    from ..trainer.run import train
+
+    cfg = cell_config(cell, extra, root)
+    directory = run_dir(runs, cell)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    start, before = time.time(), earlier_seconds(directory)
+    try:
+        summary = train(cfg, directory, progress=progress, resume=os.path.isdir(directory))
+    except BaseException:  # stopped part-way (a signal, a crash): keep the time spent for the resumed cell's total
+        if os.path.isdir(directory):
+            atomic_write_text(os.path.join(directory, WALL_FILE),
+                              json.dumps({"seconds": before + time.time() - start}) + "\n")
+        raise
+    wall = before + time.time() - start
+    evals, samples = evals_of(directory, summary)
+    result = {"task": cell.task, "row": cell.row, "seed": cell.seed,
+              "config": os.path.relpath(config_path(cell.task, cell.row, root), root), "extra_overrides": extra,
+              "eval_problems": cfg.eval.problems, "evals": evals, "start": evals[0][1],
+              "end": summary["eval_after"]["success_rate"],
+              "steps": summary["steps"], "samples": samples, "precision": run_precision(directory),
+              "cpu": cpu_model(), "threads": cfg.train.threads, "loadavg_1m_at_start": load,
+              "wall_seconds": wall, "warmstart_seconds": (summary.get("warmstart") or {}).get("seconds"),
+              "resumed_from_step": summary.get("resumed_from_step"),
+              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path = cell_file(out, cell)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    if not keep_checkpoints:
+        shutil.rmtree(os.path.join(directory, "checkpoint"), ignore_errors=True)
+    return result
+
+
+def plan(cells: list[Cell], out: str, extra: list[str], root: str = ".") -> list[dict[str, Any]]:
+    """Each selected cell with its state (``done`` when its file exists) and estimated seconds (measured or the
+    cost model; ``atgrpo/bench/real_estimate.py``)."""
+    finished = finished_cells(out)
+    rows = []
+    for cell in cells:
+        seconds, source = estimate(cell.task, cell.row, cell_config(cell, extra, root), finished)
+        rows.append({"cell": cell, "done": os.path.exists(cell_file(out, cell)), "seconds": seconds,
+                     "source": source})
+    return rows
+
+
+BUDGET_S = 30 * 60  # the table's per-cell budget on 2 cores
+
+
+def plan_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The plan as text: one line per cell (a cell estimated over the 30-minute budget is marked), then the
+    totals."""
+    lines = []
+    for r in rows:
+        state = "done" if r["done"] else "todo"
+        over = "  OVER the 30 min budget" if r["seconds"] > BUDGET_S else ""
+        lines.append(f"{r['cell'].name:28s} {state}  ~{r['seconds'] / 60:5.1f} min ({r['source']}){over}")
+    todo = [r for r in rows if not r["done"]]
+    lines.append(f"{len(rows)} cells, {len(rows) - len(todo)} done, {len(todo)} to run: "
+                 f"~{sum(r['seconds'] for r in todo) / 3600:.1f} h estimated")
+    return lines
+
+
+def run_plan(rows: list[dict[str, Any]], out: str, runs: str, extra: list[str], root: str = ".",
+             say: Callable[[str], None] = print, progress: bool = False, keep_checkpoints: bool = False
+             ) -> list[dict[str, Any]]:
+    """Run the plan's cells that are not done, one after the other, with a progress line after each (done/total,
+    elapsed, estimated time left). A cell that raises is reported and the others go on; returns the failures."""
+    todo = [r for r in rows if not r["done"]]
+    failed, start = [], time.time()
+    for i, r in enumerate(todo, 1):
+        cell = r["cell"]
+        say(f"[{i}/{len(todo)}] {cell.name}: starting (~{r['seconds'] / 60:.1f} min)")
+        try:
+            result = run_cell(cell, out, runs, extra, root, progress, keep_checkpoints)
+            what = f"{result['start']:.3f} -> {result['end']:.3f} in {result['wall_seconds'] / 60:.1f} min"
+        except Exception as e:  # one failed cell must not stop the others; it stays todo for the next run
+            failed.append({"cell": cell.name, "error": f"{type(e).__name__}: {e}"})
+            what = f"FAILED: {failed[-1]['error']}"
+        left = sum(x["seconds"] for x in todo[i:])
+        say(f"[{i}/{len(todo)}] {cell.name}: {what}; elapsed {(time.time() - start) / 60:.1f} min, "
+            f"~{left / 60:.1f} min left")
+    return failed

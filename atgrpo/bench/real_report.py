@@ -1,0 +1,79 @@
+"""The real-model table assembled from its cell files: ``table.json`` and ``table.md`` (nothing is run).
+
+Per task and row: each seed's held-out success (an RL row: after RL; a no-RL row: its RL cell's evaluation
+before RL), that cell's start value, precision, CPU, wall time, held-out problems and sampled responses; the
+mean and std (population) over the seeds present. A cell not yet run is absent, and listed under ``missing``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from typing import Any
+
+from .real_table import NO_RL_SOURCE, ROW_TITLES, ROWS, TASKS, select
+
+COMMAND = "atgrpo bench real-table"
+
+
+def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None) -> dict[str, Any]:
+    """table.json's content from the finished cells' results (``real_cells.finished_cells``); ``missing``: the
+    cells of the full table at ``seeds`` (default 0 and 1) without a result."""
+    by_key = {(c["task"], c["row"], c["seed"]): c for c in cells}
+    table: dict[str, dict[str, Any]] = {}
+    for task in TASKS:
+        table[task] = {}
+        for row in ROWS:
+            source = NO_RL_SOURCE.get(row, row)
+            per_seed = {}
+            for (t, r, seed), c in sorted(by_key.items()):
+                if t == task and r == source:
+                    per_seed[str(seed)] = {
+                        "success": c["start"] if row in NO_RL_SOURCE else c["end"], "start": c["start"],
+                        "evals": c["evals"], "eval_problems": c["eval_problems"], "samples": c["samples"],
+                        "precision": c["precision"], "cpu": c["cpu"], "wall_seconds": c["wall_seconds"],
+                        "extra_overrides": c.get("extra_overrides", [])}
+            vals = [s["success"] for s in per_seed.values()]
+            table[task][row] = {"title": ROW_TITLES[row], "from": f"{source} cell, "
+                                + ("before RL" if row in NO_RL_SOURCE else "after RL"), "seeds": per_seed,
+                                "n": len(vals), "mean": statistics.fmean(vals) if vals else None,
+                                "std": statistics.pstdev(vals) if vals else None}
+    missing = [c.name for c in select(None, None, seeds) if (c.task, c.row, c.seed) not in by_key]
+    return {"command": COMMAND, "model": "SmolLM2-135M-Instruct (model.preset=smollm2-135m)",
+            "tasks": list(TASKS), "rows": list(ROWS), "table": table, "missing": missing,
+            "wall_seconds_total": sum(c["wall_seconds"] for c in cells)}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The table as markdown: held-out success in %, mean ± std over the seeds present (n seeds)."""
+    tasks = data["tasks"]
+    lines = [f"Held-out greedy success (%), mean ± std over seeds (n); `{data['command']}`; SmolLM2-135M-Instruct. "
+             f"Cells run so far: {data['wall_seconds_total'] / 60:.1f} min in all.", "",
+             "| row | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    for row in data["rows"]:
+        vals = []
+        for task in tasks:
+            c = data["table"][task][row]
+            vals.append(f"{100 * c['mean']:.1f} ± {100 * c['std']:.1f} ({c['n']})" if c["n"] else "-")
+        lines.append(f"| {ROW_TITLES[row]} | " + " | ".join(vals) + " |")
+    cells = sorted({(t, r["from"].split()[0], s, v["precision"], v["cpu"], v["wall_seconds"])
+                    for t in tasks for r in data["table"][t].values() for s, v in r["seeds"].items()})
+    if cells:
+        lines += ["", "| cell | precision | CPU | wall time |", "|---|---|---|---|"]
+        lines += [f"| {t}/{r}/seed{s} | {p} | {cpu} | {w / 60:.1f} min |" for t, r, s, p, cpu, w in cells]
+    if data["missing"]:
+        lines += ["", f"Not run yet ({len(data['missing'])} cells): " + ", ".join(data["missing"])]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(cells: list[dict[str, Any]], directory: str, seeds: list[int] | None = None) -> dict[str, Any]:
+    """Write ``table.json`` and ``table.md`` into ``directory``; returns the table."""
+    data = assemble(cells, seeds)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "table.json"), "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    with open(os.path.join(directory, "table.md"), "w") as f:
+        f.write(markdown(data))
+    return data

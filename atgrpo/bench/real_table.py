@@ -1,0 +1,194 @@
+"""The real-model table (``atgrpo bench real-table``): its tasks, rows, cells and their configs.
+
+The paper's table with SmolLM2-135M-Instruct (offline preset, chat prompts) on five task families. Rows:
+
+- ``single``: the single agent, no RL: the before-RL evaluation of the ``single_grpo`` cell (same warm start);
+- ``single_grpo``: the single agent (L0) trained with GRPO;
+- ``mas``: the team, no RL: the before-RL evaluation of the ``mas_L1`` cell (same warm start);
+- ``mas_L1``: the team with AT-GRPO, one shared model;
+- ``mas_L3``: the team with AT-GRPO, one model per role (as the paper).
+
+So the cells that run are task x RL row (``single_grpo``, ``mas_L1``, ``mas_L3``) x seed; the no-RL rows cost
+nothing extra. Every row of a task gets the same warm-start budget (optimizer steps on demonstrations) and about
+the same number of sampled responses: the single agent plays ``SINGLE_SCALE[task]`` times the warm-start episodes
+and problems per step of the team, since a team episode yields demonstrations and samples for two roles.
+
+Each RL cell's config is ``configs/real/table/<task>_<row>.yaml``, written from the definitions below by
+``write_configs`` (``python -m atgrpo.bench.real_table --write-configs configs/real/table``); tests check the
+committed files equal what it writes, so they can be run alone: ``atgrpo train configs/real/table/math_mas_L1.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import ConfigError
+
+ROWS = ("single", "single_grpo", "mas", "mas_L1", "mas_L3")
+ROW_TITLES = {"single": "single agent (no RL)", "single_grpo": "single agent + GRPO", "mas": "MAS (no RL)",
+              "mas_L1": "MAS + AT-GRPO shared (L1)", "mas_L3": "MAS + AT-GRPO per role (L3)"}
+# a row without RL is read from its RL cell's evaluation before RL
+NO_RL_SOURCE = {"single": "single_grpo", "mas": "mas_L1"}
+RL_ROWS = ("single_grpo", "mas_L1", "mas_L3")
+ROW_OVERRIDES = {"single_grpo": ["policy.sharing=L0"], "mas_L1": ["policy.sharing=L1"],
+                 "mas_L3": ["policy.sharing=L3"]}
+
+# The model and the settings every cell shares. One torch thread: the machine is shared and the cells run one
+# after the other; a cell's wall time is measured under that setting.
+COMMON = ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat", "rollout.mode=tree",
+          "algo.micro_batch_size=16", "algo.update_token_budget=4096", "algo.minibatches=2", "warmstart.enabled=true",
+          "warmstart.batch_size=8", "warmstart.token_budget=4096", "warmstart.epochs=1", "eval.temperature=0.0",
+          "train.threads=1", "train.tensorboard=false"]
+
+# Each task's team cell (L1), over COMMON. Held-out problems: 50 in every cell. In the games the plan agent (the
+# single agent's only role) answers a move list or a grid: its responses are capped far below the tool's programs.
+TASKS: dict[str, list[str]] = {
+    # configs/real/math_mas_L1.yaml, with 50 held-out problems (0.17 -> 0.80 on 30 there)
+    "math": ["env.name=math", "env.kwargs.dataset=arithmetic", "env.kwargs.max_turns=2", "env.kwargs.timeout=2.0",
+             "env.kwargs.dataset_kwargs={min_terms: 2, max_terms: 3, min_digits: 2, max_digits: 3}",
+             "model.max_prompt_tokens=1024", "rollout.K=4", "rollout.problems_per_step=8",
+             "rollout.temperature=1.0", "rollout.max_new_tokens=40", "algo.lr=1.0e-5", "warmstart.episodes=24",
+             "warmstart.noise=0.3", "warmstart.lr=1.0e-4", "eval.problems=50", "eval.every=6", "train.steps=12",
+             "train.checkpoint_every=6"],
+    # configs/real/plan_path_mas_L1.yaml started at 0.90 on 5x5 grids; a 7x7 grid with denser walls (0.3) makes
+    # the pasted grid and the path longer, so that the team without RL should start lower (not measured yet).
+    # The expert's program for a 7x7 grid is 332 SmolLM2 tokens at most (5 training grids)
+    "plan_path": ["env.name=plan_path", "env.kwargs={size: 7, wall_prob: 0.3, max_turns: 3, tool_mode: code, "
+                  "timeout: 2.0}", "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
+                  "rollout.temperature=0.7", "rollout.max_new_tokens=380",
+                  "rollout.per_agent={plan: {max_new_tokens: 48}}", "algo.lr=2.0e-5",
+                  "warmstart.episodes=24", "warmstart.noise=0.3", "warmstart.lr=3.0e-4", "eval.problems=50",
+                  "eval.every=0", "train.steps=5", "train.checkpoint_every=1"],
+    # 6x6 rooms with two boxes: the best fixed answer found solves 5 % of the held-out rooms (7x7 with one box: 14 %;
+    # docs/results.md, "The real-model table"). The expert's search program is up to 631 tokens, so each sampled
+    # program is long: few problems and steps, two turns
+    "sokoban": ["env.name=sokoban", "env.kwargs={size: 6, num_boxes: 2, max_turns: 2, tool_mode: code, "
+                "timeout: 2.0}", "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=2",
+                "rollout.temperature=0.7", "rollout.max_new_tokens=680",
+                "rollout.per_agent={plan: {max_new_tokens: 48}}", "algo.lr=2.0e-5",
+                "warmstart.episodes=24", "warmstart.noise=0.3", "warmstart.lr=3.0e-4", "eval.problems=50",
+                "eval.every=0", "train.steps=3", "train.checkpoint_every=1"],
+    # 4x4 grids, 6 holes; the tool agent writes a backtracking solver that prints the grid (the expert's: 339
+    # tokens at most)
+    "sudoku": ["env.name=sudoku", "env.kwargs={size: 4, holes: 6, max_turns: 3, tool_mode: code, timeout: 2.0}",
+               "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
+               "rollout.temperature=0.7", "rollout.max_new_tokens=400",
+               "rollout.per_agent={plan: {max_new_tokens: 80}}", "algo.lr=2.0e-5", "warmstart.episodes=24",
+               "warmstart.noise=0.3", "warmstart.lr=3.0e-4", "eval.problems=50", "eval.every=0",
+               "train.steps=5", "train.checkpoint_every=1"],
+    # coder + unit tester on the generated stdin/stdout problems (atgrpo/envs/code_templates.py; the expert's
+    # programs are up to 132 tokens, its tests 183)
+    "code": ["env.name=code", "env.kwargs={dataset: generated, max_turns: 2, timeout: 2.0}",
+             "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
+             "rollout.temperature=0.7", "rollout.max_new_tokens=200",
+             "rollout.per_agent={coder: {max_new_tokens: 160}}", "algo.lr=2.0e-5", "warmstart.episodes=24",
+             "warmstart.noise=0.3", "warmstart.lr=1.0e-4", "eval.problems=50", "eval.every=0", "train.steps=4",
+             "train.checkpoint_every=2"],
+}
+# The single agent's warm-start episodes and problems per step, as multiples of the team's: a team episode gives
+# about twice the demonstrations and sampled responses of a one-role episode. Math is measured
+# (configs/real/math_single_grpo.yaml: 72 episodes against 24, 28 problems against 8 gave 1344 sampled responses
+# against the team's 1052); the others are this reasoning, to be checked against the cells' `samples`.
+SINGLE_SCALE: dict[str, tuple[float, float]] = {"math": (3.0, 3.5), "plan_path": (2.0, 2.0),
+                                                "sokoban": (2.0, 2.0), "sudoku": (2.0, 2.0), "code": (2.0, 2.0)}
+CONFIG_DIR = os.path.join("configs", "real", "table")
+
+
+class TableError(ConfigError):
+    """An unknown task, row or seed in a selection; the message names the valid choices."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of the table: an RL row of a task, at one seed."""
+
+    task: str
+    row: str  # an RL row: single_grpo | mas_L1 | mas_L3
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.task}/{self.row}/seed{self.seed}"
+
+
+def _value(items: list[str], key: str) -> str | None:
+    """The last value given to ``key`` in a list of ``key=value`` overrides."""
+    found = None
+    for item in items:
+        k, _, v = item.partition("=")
+        if k == key:
+            found = v
+    return found
+
+
+def row_overrides(task: str, row: str) -> list[str]:
+    """Every override of one RL row of a task (seed 0), in the order they apply: COMMON, the task, the row, and
+    for the single agent its scaled warm start and problems per step."""
+    items = COMMON + TASKS[task] + ROW_OVERRIDES[row]
+    if row == "single_grpo":
+        episodes, problems = SINGLE_SCALE[task]
+        team_episodes = int(_value(items, "warmstart.episodes"))
+        team_problems = int(_value(items, "rollout.problems_per_step"))
+        items = items + [f"warmstart.episodes={round(team_episodes * episodes)}",
+                         f"rollout.problems_per_step={round(team_problems * problems)}"]
+    return items
+
+
+def config_path(task: str, row: str, root: str = ".") -> str:
+    return os.path.join(root, CONFIG_DIR, f"{task}_{row}.yaml")
+
+
+def select(tasks: list[str] | None, rows: list[str] | None, seeds: list[int] | None) -> list[Cell]:
+    """The cells of a selection, in table order (task, row, seed). A no-RL row selects the RL cell it is read
+    from. Raises ``TableError`` for an unknown task or row, or a negative seed."""
+    tasks = tasks or list(TASKS)
+    rows = rows or list(ROWS)
+    seeds = [0, 1] if seeds is None else seeds
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise TableError(f"unknown real-table task(s) {', '.join(bad)}; choose from: {', '.join(TASKS)}")
+    bad = [r for r in rows if r not in ROWS]
+    if bad:
+        raise TableError(f"unknown real-table row(s) {', '.join(bad)}; choose from: {', '.join(ROWS)}")
+    if any(s < 0 for s in seeds):
+        raise TableError(f"seeds must be >= 0, got {seeds}")
+    wanted = {NO_RL_SOURCE.get(r, r) for r in rows}
+    return [Cell(t, r, s) for t in TASKS if t in tasks for r in RL_ROWS if r in wanted for s in sorted(set(seeds))]
+
+
+def write_configs(directory: str = CONFIG_DIR) -> list[str]:
+    """Write ``<task>_<row>.yaml`` for every task and RL row into ``directory``; returns the paths."""
+    import yaml
+
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for task in TASKS:
+        for row in RL_ROWS:
+            data: dict[str, Any] = {}
+            for item in row_overrides(task, row):
+                key, raw = item.split("=", 1)
+                *parents, leaf = key.split(".")
+                node = data
+                for part in parents:
+                    node = node.setdefault(part, {})
+                node[leaf] = yaml.safe_load(raw)
+            source = [k for k, v in NO_RL_SOURCE.items() if v == row]
+            note = (f"# {task}, '{ROW_TITLES[row]}': one cell of `atgrpo bench real-table` (seed 0; add seed=N)."
+                    + (f"\n# Its evaluation before RL is the row '{ROW_TITLES[source[0]]}'." if source else "")
+                    + f"\n# Written by `python -m atgrpo.bench.real_table --write-configs {CONFIG_DIR}`; do not edit"
+                    " by hand\n# (tests/test_real_table.py checks these files against atgrpo/bench/real_table.py).\n")
+            path = os.path.join(directory, f"{task}_{row}.yaml")
+            with open(path, "w") as f:
+                f.write(note + yaml.safe_dump(data, sort_keys=False))
+            paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write-configs", metavar="DIR", required=True, help="write one config file per RL cell")
+    print("\n".join(write_configs(ap.parse_args().write_configs)))
