@@ -223,7 +223,10 @@ def test_chromium_opens_the_report_clicks_a_node_and_draws_it(run_dir, tmp_path)
         b.click("#tab-trees")
         b.wait_for("document.querySelector('#node-path a[data-node=\"1\"]')")
         b.click('#node-path a[data-node="1"]')  # the second node of the first problem of step 1
-        b.wait_for("location.hash === '#trees/0/1/0/1' && document.querySelector('#node-detail')")
+        # the first node's detail is drawn before the click: wait until the clicked node's has replaced it
+        title = f"turn {node['turn']} \u00b7 {node['agent']} \u00b7"
+        b.wait_for("location.hash === '#trees/0/1/0/1' && document.querySelector('#node-detail h3') && "
+                   f"document.querySelector('#node-detail h3').textContent.indexOf({json.dumps(title)}) === 0")
         shown = b.evaluate("Array.from(document.querySelectorAll('#node-detail tr.cand')).map(function (r) {"
                            " return [+r.dataset.branch, r.classList.contains('kept')]; })")
         assert shown == [[c["branch"], c["kept"]] for c in node["cands"]]
