@@ -19,6 +19,8 @@ import statistics
 import time
 from typing import Any
 
+from ..config import overrides_tree
+
 # method -> overrides. The single agent acts once per turn where the two-agent team acts twice, so it gets twice
 # the problems per step: every RL method then samples about the same number of responses (reported per run).
 RL_METHODS: dict[str, list[str]] = {
@@ -207,14 +209,7 @@ def write_configs(directory: str) -> list[str]:
     paths = []
     for task in TASKS:
         for row in ROW_ORDER:
-            data: dict[str, Any] = {}
-            for item in row_overrides(task, row):
-                key, raw = item.split("=", 1)
-                *parents, leaf = key.split(".")
-                node = data
-                for part in parents:
-                    node = node.setdefault(part, {})
-                node[leaf] = yaml.safe_load(raw)
+            data = overrides_tree(row_overrides(task, row))
             note = (f"# {task}, '{row}': one cell of `atgrpo bench learning` (seed 0; the bench runs seeds 0-2).\n"
                     f"# Written by `python -m atgrpo.bench.learning --write-configs {directory}`; do not edit by "
                     f"hand\n# (tests/test_bench.py checks these files against the bench's definitions).\n")

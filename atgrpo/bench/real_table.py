@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
-from ..config import ConfigError
+from ..config import ConfigError, overrides_tree
 
 ROWS = ("single", "single_grpo", "mas", "mas_L1", "mas_L3")
 ROW_TITLES = {"single": "single agent (no RL)", "single_grpo": "single agent + GRPO", "mas": "MAS (no RL)",
@@ -166,14 +165,7 @@ def write_configs(directory: str = CONFIG_DIR) -> list[str]:
     paths = []
     for task in TASKS:
         for row in RL_ROWS:
-            data: dict[str, Any] = {}
-            for item in row_overrides(task, row):
-                key, raw = item.split("=", 1)
-                *parents, leaf = key.split(".")
-                node = data
-                for part in parents:
-                    node = node.setdefault(part, {})
-                node[leaf] = yaml.safe_load(raw)
+            data = overrides_tree(row_overrides(task, row))
             source = [k for k, v in NO_RL_SOURCE.items() if v == row]
             note = (f"# {task}, '{ROW_TITLES[row]}': one cell of `atgrpo bench real-table` (seed 0; add seed=N)."
                     + (f"\n# Its evaluation before RL is the row '{ROW_TITLES[source[0]]}'." if source else "")

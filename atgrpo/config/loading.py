@@ -76,6 +76,20 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
+def overrides_tree(items: list[str]) -> dict[str, Any]:
+    """``dotted.key=value`` overrides (values parsed as YAML) as the nested mapping a config file holds: what the
+    benches write into their generated configs."""
+    data: dict[str, Any] = {}
+    for item in items:
+        key, raw = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        node = data
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw)
+    return data
+
+
 def _is_free_dict(parts: list[str]) -> bool:
     return len(parts) >= 2 and parts[:2] in (["env", "kwargs"], ["rollout", "per_agent"])
 
