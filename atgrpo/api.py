@@ -16,15 +16,32 @@ import re
 import time
 from typing import Any, Sequence
 
-from .config import Config, load_config, load_resume_config
+from .config import Config, ConfigError, load_config, load_resume_config
 
-__all__ = ["default_run_dir", "train"]
+__all__ = ["default_run_dir", "run_config", "train"]
 
 
 def default_run_dir(cfg: Config) -> str:
     """``runs/<time>-<env>-<sharing>``: where a run goes when no directory is given."""
     env = re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.env.name.rpartition(":")[2] or cfg.env.name)  # module:Class
     return os.path.join("runs", time.strftime("%Y%m%d-%H%M%S") + f"-{env}-{cfg.policy.sharing}")
+
+
+def run_config(config: str | None, overrides: Sequence[str] = (), out: str | None = None,
+               resume: str | None = None) -> tuple[Config, str]:
+    """The config and the run directory of a training, as ``atgrpo train`` and ``train`` take them: a config file
+    (None: the quickstart) with ``overrides`` into ``out`` (default ``default_run_dir``), or ``resume``: the run in
+    that directory with its own config.yaml (only ``train.steps=N`` may be overridden). Bad keys and values raise
+    ``ConfigError`` here, before any work."""
+    if resume is None:
+        cfg = load_config(config, list(overrides))
+        return cfg, out or default_run_dir(cfg)
+    if config is not None:
+        raise ConfigError(f"a resumed run continues with its own config ({resume}/config.yaml); give no config "
+                          f"file (only train.steps=N, to extend the run)")
+    if out and os.path.abspath(out) != os.path.abspath(resume):
+        raise ConfigError(f"a resumed run writes into its own directory ({resume}); give no other output directory")
+    return load_resume_config(resume, list(overrides)), resume
 
 
 def train(config: str | None = None, overrides: Sequence[str] = (), out: str | None = None,
@@ -35,11 +52,5 @@ def train(config: str | None = None, overrides: Sequence[str] = (), out: str | N
     ``run_dir`` set; the directory also holds report.html."""
     from .trainer.run import train as run_training
 
-    if resume is not None:
-        if config is not None:
-            raise ValueError("resume continues with the run's own config; give no config file")
-        cfg, out = load_resume_config(resume, list(overrides)), resume
-    else:
-        cfg = load_config(config, list(overrides))
-        out = out or default_run_dir(cfg)
+    cfg, out = run_config(config, overrides, out, resume)
     return run_training(cfg, out, progress=progress, resume=resume is not None)

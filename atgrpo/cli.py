@@ -27,9 +27,9 @@ import os
 import sys
 import traceback
 
-from .api import default_run_dir
+from .api import run_config
 from .bench import cli as bench_cli
-from .config import ConfigError, load_config, load_resume_config
+from .config import ConfigError
 
 EXIT_ERROR, EXIT_INPUT, EXIT_STOPPED, EXIT_LOST, EXIT_INTERRUPTED = 1, 2, 3, 4, 130  # the module docstring says when
 
@@ -50,16 +50,7 @@ def _split_args(items: list[str]) -> tuple[str | None, list[str]]:
 
 def cmd_train(args) -> int:
     path, overrides = _split_args(args.items)
-    if args.resume:
-        if path is not None:
-            raise ConfigError(f"--resume continues with the run's own config ({args.resume}/config.yaml); give no "
-                              f"config file (only train.steps=N, to extend the run)")
-        if args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
-            raise ConfigError("--resume RUN_DIR writes into RUN_DIR; drop --out")
-        cfg, out = load_resume_config(args.resume, overrides), args.resume
-    else:
-        cfg = load_config(path, overrides)  # bad keys and values fail here, before any work
-        out = args.out or default_run_dir(cfg)
+    cfg, out = run_config(path, overrides, args.out, args.resume)  # bad keys and values fail here, before any work
     if os.path.exists(out) and not os.path.isdir(out):  # also checked by train(); here before heavy imports
         print(f"atgrpo: error: run directory {out!r} is a file, not a directory; choose another --out",
               file=sys.stderr)
