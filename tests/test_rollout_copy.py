@@ -20,7 +20,7 @@ from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, buil
 from atgrpo.policies.precision import apply_autocast, bf16_units, resolve_precision
 from atgrpo.policies.rollout_copy import RolloutCopies
 from atgrpo.policies.shared_prefix import shared_prefix_logprobs
-from atgrpo.trainer.run import _set_precision
+from atgrpo.trainer.run_settings import set_precision
 from atgrpo.trainer.state import build_state
 from atgrpo.trainer.step import train_step
 
@@ -81,10 +81,10 @@ def test_auto_is_resolved_and_recorded_at_start_up(monkeypatch):
     cfg = load_config(None, ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat"])
     assert cfg.model.precision == "auto"
     monkeypatch.setattr(precision, "cpu_flags", lambda: set(AMX_FLAGS))
-    assert _set_precision(cfg, lines.append).model.precision == "bfloat16"
+    assert set_precision(cfg, lines.append).model.precision == "bfloat16"
     assert "precision=bfloat16" in lines[-1] and "amx_bf16" in lines[-1] and "model.precision=float32" in lines[-1]
     monkeypatch.setattr(precision, "cpu_flags", lambda: set(ZEN3_FLAGS))
-    assert _set_precision(cfg, lines.append).model.precision == "float32"
+    assert set_precision(cfg, lines.append).model.precision == "float32"
     assert cfg.model.precision == "auto"  # the caller's config is not changed
 
 

@@ -87,7 +87,7 @@ def test_eval_of_a_run_directory(tmp_path, fast_overrides):
 def test_unconfined_setting_in_the_config(monkeypatch):
     """sandbox.unconfined: true is read, allows unconfined programs and yields the start-up line."""
     from atgrpo.sandbox import allow_unconfined
-    from atgrpo.trainer.run import sandbox_note
+    from atgrpo.trainer.run_settings import sandbox_note
 
     assert load_config().sandbox.unconfined is False
     assert load_config(overrides=["sandbox.unconfined=true"]).sandbox.unconfined is True

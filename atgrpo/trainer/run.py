@@ -25,17 +25,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 import yaml
 
 from ..config import Config
-from ..threads import choose_threads
 from .atomic_files import atomic_write_text, write_dir_atomically
 from .checkpoint import (CHECKPOINT_DIR, Checkpoint, latest_checkpoint, load_references, remove_leftovers,
                          restore_newest_intact, save_checkpoint, save_policies, save_references)
 from .evaluate import run_eval
 from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
 from .recovery import Recovery, RecoveryExhausted, recover
+from .run_settings import sandbox_note, set_precision, set_threads
 from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line
 from .state import TrainState, build_state_checked, check_model_path
 from .step import train_step
@@ -69,18 +68,6 @@ def check_run_dir(run_dir: str) -> None:
 
 def _warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def sandbox_note(cfg: Config) -> str | None:
-    """With ``sandbox.unconfined: true``, allow unconfined programs (through the environment, so that Ray's
-    environment workers see it too) and return the start-up line that says so."""
-    if not cfg.sandbox.unconfined:
-        return None
-    from ..sandbox import allow_unconfined
-
-    allow_unconfined()
-    return ("atgrpo: sandbox.unconfined: true -- where this machine cannot isolate programs, the programs the "
-            "agents write run UNCONFINED (they can read and write your files and reach the network)")
 
 
 def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
@@ -226,8 +213,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
            started: list[bool]) -> dict[str, Any]:
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
-    cfg = _set_threads(cfg, say)
-    cfg = _set_precision(cfg, say)
+    cfg = set_precision(set_threads(cfg, say), say)
     opened = _open(cfg, run_dir, resume, started, say, progress)
     if isinstance(opened, dict):  # the run had already finished
         return opened
@@ -249,33 +235,6 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
         run.logger.close()
         run.state.backend.close()
     return _finish(run, after, episodes, start)
-
-
-def _set_threads(cfg: Config, say: Callable[..., None]) -> Config:
-    """torch's CPU threads for this run; ``train.threads=0`` is resolved and recorded in the returned config
-    (config.yaml), so a resumed run uses the same count and writes the same rows."""
-    threads, why = choose_threads(cfg.train.threads)
-    torch.set_num_threads(threads)
-    if not cfg.train.threads:
-        cfg = copy.deepcopy(cfg)
-        cfg.train.threads = threads
-    say(f"atgrpo: threads={threads} ({why}; set train.threads=N to choose)")
-    return cfg
-
-
-def _set_precision(cfg: Config, say: Callable[..., None]) -> Config:
-    """The run's compute precision (``model.precision``): ``auto`` is resolved for this machine and recorded in
-    the returned config (config.yaml), so a resumed run keeps it even on another machine."""
-    from ..policies.precision import resolve_precision
-
-    precision, why = resolve_precision(cfg.model, cfg.system.backend)
-    if cfg.model.precision == "auto" and cfg.model.dtype == "float32":
-        cfg = copy.deepcopy(cfg)
-        cfg.model.precision = precision
-    if cfg.model.kind == "hf" or precision != "float32":
-        other = "float32" if precision == "bfloat16" else "bfloat16"
-        say(f"atgrpo: precision={precision} ({why}; model.precision={other} to change)")
-    return cfg
 
 
 def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Callable[..., None],
