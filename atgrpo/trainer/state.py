@@ -53,10 +53,9 @@ def build_state(cfg: Config) -> TrainState:
 
 def local_backend(cfg: Config) -> LocalBackend:
     """The in-process backend; with bfloat16 precision on float32 weights it samples from bfloat16 copies."""
-    from ..policies.precision import resolve_precision
+    from ..policies.precision import autocast_of
 
-    copy = (cfg.model.dtype == "float32" and cfg.rollout.engine == "native"
-            and resolve_precision(cfg.model, cfg.system.backend)[0] == "bfloat16")
+    copy = cfg.rollout.engine == "native" and autocast_of(cfg.model, cfg.system.backend) == "bfloat16"
     return LocalBackend(torch.bfloat16 if copy else None, cfg.algo.update_token_budget)
 
 
