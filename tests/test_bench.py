@@ -78,15 +78,16 @@ def test_bench_bfloat16_methods_beside_float32(tmp_path):
 
 
 def test_matmul_peak_stops_growing_once_a_product_is_slow():
-    import time
-
+    """The peak's size search: a product that takes min_seconds stops it (0 s: the first, 256), else it grows to
+    n; a CPU that emulates bfloat16 would spend minutes on a 4096^3 product."""
     import torch
 
-    from atgrpo.bench.common import matmul_peak_flops
+    from atgrpo.bench.common import matmul_peak_flops, peak_size
 
-    t = time.perf_counter()
-    assert matmul_peak_flops(4096, reps=1, dtype=torch.bfloat16, min_seconds=0.01) > 0
-    assert time.perf_counter() - t < 30  # a 4096^3 bfloat16 product alone takes minutes where it is emulated
+    assert peak_size(4096, torch.bfloat16, min_seconds=0.0) == 256
+    assert peak_size(512, torch.float32, min_seconds=float("inf")) == 512
+    assert peak_size(128, torch.float32) == 128
+    assert matmul_peak_flops(4096, reps=1, dtype=torch.bfloat16, min_seconds=0.0) > 0
 
 
 def test_bench_step(tmp_path):

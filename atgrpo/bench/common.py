@@ -179,20 +179,28 @@ def machine() -> dict:
             "transformers": transformers.__version__, "trl": trl_v}
 
 
-def matmul_peak_flops(n: int = 2048, reps: int = 5, dtype: torch.dtype = torch.float32,
-                      min_seconds: float = 0.05) -> float:
-    """The machine's measured matmul throughput in ``dtype`` (FLOP/s): the best of ``reps`` square products of
-    size ``n``, or of the first size (doubling from 256) whose product takes at least ``min_seconds`` when that
-    comes first: a CPU that emulates bfloat16 runs a 2048^3 product for about a minute, and a smaller one gives
-    the same rate."""
+def peak_size(n: int, dtype: torch.dtype = torch.float32, min_seconds: float = 0.05) -> int:
+    """The square size a peak is measured at: ``n``, or the first size (doubling from 256) whose product takes at
+    least ``min_seconds`` when that comes first. A CPU that emulates bfloat16 runs a 2048^3 product for about a
+    minute; a smaller product there gives a rate of the same order."""
     m = 256
-    while True:
+    while m < n:
         a, b = torch.randn(m, m, dtype=dtype), torch.randn(m, m, dtype=dtype)
         t = time.perf_counter()
         torch.matmul(a, b)
-        if m >= n or time.perf_counter() - t >= min_seconds:
+        if time.perf_counter() - t >= min_seconds:
             break
         m *= 2
+    return min(m, n)
+
+
+def matmul_peak_flops(n: int = 2048, reps: int = 5, dtype: torch.dtype = torch.float32,
+                      min_seconds: float = 0.05) -> float:
+    """The machine's measured matmul throughput in ``dtype`` (FLOP/s): the best of ``reps`` square products of
+    size ``peak_size(n, dtype, min_seconds)``."""
+    m = peak_size(n, dtype, min_seconds)
+    a, b = torch.randn(m, m, dtype=dtype), torch.randn(m, m, dtype=dtype)
+    torch.matmul(a, b)
     best = 0.0
     for _ in range(reps):
         t = time.perf_counter()
