@@ -53,7 +53,10 @@ TINY = ["model.tiny.hidden_size=32", "model.tiny.num_layers=1", "model.tiny.num_
 def hf_overrides(hf_dir: str, *extra: str) -> list[str]:
     """Overrides of a short run on the tiny Hugging Face directory ``hf_dir``, chat prompts."""
     # byte-level tokens: a chat prompt with the tool's program (code mode) runs past 1024
-    return TINY + ["model.kind=hf", f"model.path={hf_dir}", "env.style=chat", "model.max_prompt_tokens=4096", *extra]
+    # float32 on every CPU: precision=auto would pick bfloat16 where the CPU has bfloat16 units, and these runs are
+    # compared with plain transformers (tests that want bfloat16 say so in ``extra``, which comes later and wins)
+    return TINY + ["model.kind=hf", f"model.path={hf_dir}", "model.precision=float32", "env.style=chat",
+                   "model.max_prompt_tokens=4096", *extra]
 
 
 def snapshot(model) -> dict[str, torch.Tensor]:

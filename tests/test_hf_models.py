@@ -288,7 +288,7 @@ def test_smollm2_lora_two_at_grpo_steps_change_each_adapter_not_the_base():
                                  "env.kwargs.max_turns=1", "env.kwargs.tool_mode=direct",  # typed moves: the
                                  "policy.sharing=L2", "rollout.K=2",  # untrained model's 16-token programs all crash
                                  "rollout.problems_per_step=2", "rollout.max_new_tokens=16", "algo.lr=1e-3",
-                                 "warmstart.enabled=false", "seed=0"])
+                                 "warmstart.enabled=false", "model.precision=float32", "seed=0"])
     st = build_state(cfg)
     assert "<|im_start|>assistant" in st.policies["tool"].render([{"role": "user", "content": "hi"}])
     before, changed, steps = _two_l2_steps(st)

@@ -340,3 +340,23 @@ def test_token_logprobs_equal_log_softmax_gather_across_chunks(temperature):
     (gb,) = torch.autograd.grad((ref * w).sum(), logits)
     torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-6)
     assert token_logprobs(logits[:, :0], targets[:, :0], temperature).shape == (3, 0)
+
+
+def test_sample_tokens_draws_each_row_from_its_own_distribution():
+    """Inverse-CDF sampling: per-row frequencies match each (unnormalised) row, zero-probability tokens are never
+    drawn, and the draw is a function of the generator's seed."""
+    from atgrpo.policies.causal_lm import sample_tokens
+
+    probs = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0],  # sums to 4: 0.5 / 0.25 / 0.25
+                          [1e-3, 0.0, 0.0, 0.0, 0.0, 0.999]])
+    N = 20000
+    draws = torch.stack([sample_tokens(probs, g) for g in [torch.Generator().manual_seed(3)] for _ in range(N)])
+    for row in range(2):
+        freq = torch.bincount(draws[:, row], minlength=6).double() / N
+        p = probs[row].double() / probs[row].sum()
+        assert bool((freq[p == 0] == 0).all()), freq
+        sigma = (p * (1 - p) / N).sqrt()
+        assert bool(((freq - p).abs() <= 4.5 * sigma + 1e-12).all()), (row, freq, p)
+    assert 0 < int((draws[:, 1] == 0).sum()) < 60  # the 1e-3 token appears about 20 times in 20000
+    again = [sample_tokens(probs, torch.Generator().manual_seed(5)) for _ in range(2)]
+    assert torch.equal(again[0], again[1])

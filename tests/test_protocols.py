@@ -13,7 +13,7 @@ import torch
 from atgrpo.policies import (ByteTokenizer, CausalLMPolicy, Policy, TinyModelConfig, TrainablePolicy,
                              build_tiny_model)
 from atgrpo.policies.tokenizer import BOS, EOS
-from atgrpo.rollout.vllm_engine import EnginePolicy, LogprobGap
+from atgrpo.rollout.vllm_engine import EnginePolicy
 from atgrpo.trainer.backend import Backend, LocalBackend
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -64,7 +64,7 @@ def test_hf_policy_is_trainable(tmp_path):
 
 
 def test_vllm_engine_policy_is_a_sampling_policy():
-    view = EnginePolicy(_tiny(), engine=None, gap=LogprobGap())
+    view = EnginePolicy(_tiny(), engine=None)
     _conforms(view, Policy)
     assert view.encode("ab") == view.policy.encode("ab") and view.decode([100, EOS]) == "a"
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 import yaml
 
+from atgrpo.bench.rollout import copy_gap
 from atgrpo.cli import main
-from atgrpo.config import ConfigError, ModelConfig, load_config
+from atgrpo.config import AlgoConfig, ConfigError, ModelConfig, load_config
 from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from atgrpo.policies.precision import apply_autocast, bf16_units, resolve_precision
 from atgrpo.policies.rollout_copy import RolloutCopies
@@ -37,9 +38,10 @@ def _prompts(policy) -> list[list[int]]:
     return [policy.encode("plan a path from S to G"), policy.encode("3 + 4 = ")]
 
 
-def _gap(copies: RolloutCopies, view, prompts) -> float:
-    view.generate(prompts, 4, 1.0, 16, torch.Generator().manual_seed(0))
-    return copies.pop_metrics()["rollout/logprob_gap/p/mean"]
+def _gap(view, prompts) -> float:
+    """The mean log-prob gap of the copy's samples to the trainer's, taken as the update takes it."""
+    out = view.generate(prompts, 4, 1.0, 16, torch.Generator().manual_seed(0))
+    return copy_gap(view.policy, prompts, out, AlgoConfig())["rollout/logprob_gap/p/mean"]
 
 
 # ---- which precision ----------------------------------------------------------------------------------------
@@ -127,43 +129,71 @@ def test_copy_of_a_hugging_face_llama_computes_the_trainers_logits(tmp_path):
     x = torch.tensor([trainer.encode("plan a path")])
     with torch.no_grad():
         torch.testing.assert_close(sampler(input_ids=x).logits, model(input_ids=x).logits, atol=0, rtol=0)
-    assert _gap(copies, copies.views["p"], _prompts(trainer)) < 0.02
+    assert _gap(copies.views["p"], _prompts(trainer)) < 0.02
 
 
-def test_the_loss_gets_the_trainers_logprobs_not_the_copys():
+@pytest.mark.parametrize("minibatches", [1, 2])
+def test_the_loss_gets_the_trainers_logprobs_from_before_the_update_not_the_copys(minibatches):
+    """The copy's samples are marked as owed the trainer's log-probs; the update puts in the trainer's, scored
+    before its first optimizer step (the first mini-batch in its own forward, later ones in a no-grad pass), and
+    logs how far the copy's were. A large learning rate makes scoring after a step visibly different."""
+    import copy as copy_module
+
+    from atgrpo.rollout.records import Sample
+    from atgrpo.trainer.update import make_optimizer, update_policy
+
     trainer = _mixed(1)
     copies = RolloutCopies({"p": trainer})
-    prompts = _prompts(trainer)
+    prompts = [trainer.encode(t) for t in ("plan a path from S to G", "3 + 4 = ", "sort 3 1 2", "hello")]
     rows = copies.views["p"].generate(prompts, 4, 1.0, 12, torch.Generator().manual_seed(5))
-    flat = [(p, c) for p, row in zip(prompts, rows) for c in row]
+    assert all(not c.trainer_logprobs for row in rows for c in row)
+    samples = [Sample(problem=f"q{i}", branch=k, turn=0, agent="a", policy="p", prompt="", prompt_ids=p,
+                      response="", response_ids=c.ids, logprobs=list(c.logprobs), reward_team=0.0, reward_local=0.0,
+                      reward=float(k), selected=k == 0, finished=c.finished, advantage=float(k) - 1.5,
+                      temperature=1.0, trainer_logprobs=c.trainer_logprobs)
+               for i, (p, row) in enumerate(zip(prompts, rows)) for k, c in enumerate(row)]
+    sampled = [list(s.logprobs) for s in samples]
+    before = copy_module.deepcopy(trainer)
     with torch.no_grad():
-        logp, _ = shared_prefix_logprobs(trainer, [p for p, _ in flat], [c.ids for _, c in flat], 1.0)
-    for row, (_, c) in zip(logp, flat):
-        torch.testing.assert_close(torch.tensor(c.logprobs), row[:len(c.ids)].float(), atol=1e-6, rtol=0)
-    m = copies.pop_metrics()
-    assert 0 <= m["rollout/logprob_gap/p/mean"] <= m["rollout/logprob_gap/p/max"] < 0.05
-    assert m["time/logprob_recompute"] > 0
+        logp, _ = shared_prefix_logprobs(before, [s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                         1.0)
+    algo = AlgoConfig(minibatches=minibatches, lr=0.05)
+    stats = update_policy(trainer, make_optimizer(trainer, algo), samples, algo, 1.0, torch.Generator().manual_seed(0))
+    assert stats.optimizer_steps == minibatches
+    with torch.no_grad():
+        after, _ = shared_prefix_logprobs(trainer, [s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                          1.0)
+    moved = 0.0
+    for s, row, row_after, mine in zip(samples, logp, after, sampled):
+        n = len(s.response_ids)
+        assert s.trainer_logprobs and s.logprobs != mine  # the copy's are gone
+        # bfloat16 rounds differently with another packing of the same sequences: 1e-3, not 1e-6
+        torch.testing.assert_close(torch.tensor(s.logprobs), row[:n].float(), atol=5e-3, rtol=0)
+        moved = max(moved, float((torch.tensor(s.logprobs) - row_after[:n].float()).abs().max()))
+    assert moved > 0.1  # scored after a step, they would be far off
+    m = stats.logprob_gap
+    assert 0 < m["rollout/logprob_gap/p/mean"] <= m["rollout/logprob_gap/p/max"] < 0.05
+    assert (stats.rescore_s > 0) == (minibatches > 1)  # the first mini-batch's forward needs no extra pass
 
 
-def test_greedy_decoding_needs_no_rescoring():
+def test_greedy_decoding_is_not_rescored():
     copies = RolloutCopies({"p": _mixed(2)})
     rows = copies.views["p"].generate(_prompts(copies.views["p"].policy), 1, 0.0, 8)
-    assert all(c.logprobs == [] for row in rows for c in row)
-    assert "rollout/logprob_gap/p/mean" not in copies.pop_metrics()
+    assert all(c.logprobs == [] and c.trainer_logprobs for row in rows for c in row)
 
 
 def test_the_gap_is_large_without_a_refresh_and_small_after_one():
     trainer = _mixed(3)
     copies = RolloutCopies({"p": trainer})
     view, prompts = copies.views["p"], _prompts(trainer)
-    fresh = _gap(copies, view, prompts)
+    fresh = _gap(view, prompts)
     with torch.no_grad():  # an update moves the trainer's weights
         g = torch.Generator().manual_seed(0)
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
-    stale = _gap(copies, view, prompts)
+    stale = _gap(view, prompts)
     copies.refresh(["p"])
-    refreshed = _gap(copies, view, prompts)
+    refreshed = _gap(view, prompts)
     assert fresh < 0.02 and refreshed < 0.02
     assert stale > 0.1 and stale > 10 * max(fresh, refreshed)
     copy_params = dict(view.sampler.model.named_parameters())

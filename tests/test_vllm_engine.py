@@ -16,8 +16,9 @@ import pytest
 import torch
 from hf_dirs import PLAIN_CHAT_TEMPLATE, write_tiny_hf_dir
 
-from atgrpo.config import ConfigError, VLLMConfig, load_config
-from atgrpo.rollout.vllm_engine import (PYTHON_ENV, EnginePolicy, LogprobGap, check_no_mixed_adapters, engine_python,
+from atgrpo.bench.rollout import copy_gap
+from atgrpo.config import AlgoConfig, ConfigError, VLLMConfig, load_config
+from atgrpo.rollout.vllm_engine import (PYTHON_ENV, EnginePolicy, check_no_mixed_adapters, engine_python,
                                         lora_rank_limit, vllm_missing)
 
 PY = engine_python(VLLMConfig())
@@ -78,7 +79,9 @@ def hf_dir(tmp_path_factory):
 
 
 def _overrides(hf_dir, *extra):
-    return ["model.kind=hf", f"model.path={hf_dir}", "env.style=chat", "warmstart.enabled=false",
+    # float32 on every CPU (auto would pick bfloat16 where the CPU has bfloat16 units): the tolerances are float32's
+    return ["model.kind=hf", f"model.path={hf_dir}", "model.precision=float32", "env.style=chat",
+            "warmstart.enabled=false",
             "rollout.engine=vllm", "rollout.K=4", "rollout.problems_per_step=2", "rollout.max_new_tokens=12",
             "model.max_prompt_tokens=2048", "train.tensorboard=false", "train.plot=false",
             "eval.problems=2", "train.steps=2", "eval.every=0", *extra]
@@ -119,10 +122,11 @@ def _prompts(state, n=2, seed=0):
 
 
 def _gap(view: EnginePolicy, prompts, K=4, T=1.0, seed=0) -> tuple[dict[str, float], list]:
-    """Sample on the engine; return the gap between its log-probs and the trainer's, and the completions."""
-    view.gap.pop()
+    """Sample on the engine; return the gap between its log-probs and the trainer's (taken as the update takes
+    them), and the completions."""
     comps = view.generate(prompts, K, T, 12, torch.Generator().manual_seed(seed))
-    return view.gap.pop(), comps
+    assert all(not c.trainer_logprobs for row in comps for c in row)  # owed the trainer's
+    return copy_gap(view.policy, prompts, comps, AlgoConfig(), T), comps
 
 
 def _perturb(model, seed: int, std: float, only_lora: bool = False) -> None:
@@ -241,9 +245,10 @@ def test_tree_invariants_with_both_engines(engine, request, hf_dir):
                                      generator=torch.Generator().manual_seed(0))
     _check_chat_tree(envs, samples, episodes, 4, 1.0, state.agent_to_policy, policies)
     pol = state.policies["shared"]
-    with torch.no_grad():  # the stored log-probs are the trainer's own (vllm: recomputed; native: sampled)
+    with torch.no_grad():  # native: the trainer's own; vllm: the engine's, owed the trainer's (taken in the update)
         logp, _ = pol.response_logprobs([s.prompt_ids for s in samples], [s.response_ids for s in samples], 1.0)
     for i, s in enumerate(samples):
+        assert s.trainer_logprobs == (engine == "native")
         assert torch.allclose(logp[i, :len(s.logprobs)], torch.tensor(s.logprobs), atol=1e-4)
 
 

@@ -26,7 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-trl", action="store_true", help="step: time atgrpo only")
     p.add_argument("--precision", choices=("float32", "both"), default="float32",
                    help="rollout, update: also time the bfloat16 path (both): rollouts from a bfloat16 copy, the "
-                        "loss under bfloat16 autocast, each with MFU against the bfloat16 matmul peak")
+                        "loss under bfloat16 autocast, each with MFU against the bfloat16 matmul peak; step: a "
+                        "second run with both trainers in bfloat16 (TRL bf16=True); rollout --engine: both "
+                        "engines in bfloat16 (the native one from its bfloat16 copy)")
     p.add_argument("--engine", help="rollout: compare rollout engines on a Hugging Face model instead, e.g. "
                    "native,vllm (SmolLM2 shape: 8 chat prompts x ~300 tokens, K=8, 64 new tokens)")
     p.add_argument("--model", help="--engine: a local Hugging Face model directory (default: model.preset "
@@ -140,7 +142,12 @@ def run(args) -> int:
             bench_update(shape, args.out, f"update_{tag}", cmd, precisions=precisions)
         else:
             from .step import bench_step
-            bench_step(shape, args.out, f"step_{tag}", cmd, with_trl=not args.no_trl)
+            for precision in precisions:  # each precision its own interleaved run: atgrpo and TRL both in it
+                suffix = "" if precision == "float32" else "_bf16"
+                bench_step(shape, args.out, f"step_{tag}{suffix}", cmd, with_trl=not args.no_trl, precision=precision)
+                if suffix:
+                    with open(f"{args.out}/step_{tag}{suffix}.md") as f:
+                        print(f.read())
         with open(f"{args.out}/{name}_{tag}.md") as f:
             print(f.read())
     return 0
@@ -168,13 +175,15 @@ def _run_engines(args) -> int:
     if bad or not engines:
         raise SystemExit(f"atgrpo bench: --engine takes native and/or vllm, comma-separated (got {args.engine!r})")
     cmd = " ".join(["atgrpo bench rollout --engine", args.engine] + (["--model", args.model] if args.model else [])
-                   + (["--train-step"] if args.train_step else []))
+                   + (["--train-step"] if args.train_step else [])
+                   + (["--precision", args.precision] if args.precision != "float32" else []))
     vcfg = VLLMConfig(python=args.vllm_python, cpu_threads=args.vllm_threads)
     tag = args.tag or "engines"
     bench_engines(engines, args.out, f"rollout_{tag}", cmd, model_path=args.model,
                   prompts=args.prompts or 8, prompt_tokens=int(args.prompt_len or 300), K=args.K or 8,
                   new_tokens=args.new_tokens or 64, reps=args.reps, warmup=args.warmup, seed=args.seed,
-                  vllm_cfg=vcfg, train_step=args.train_step)
+                  vllm_cfg=vcfg, train_step=args.train_step,
+                  precisions=("float32", "bfloat16") if args.precision == "both" else ("float32",))
     with open(f"{args.out}/rollout_{tag}.md") as f:
         print(f.read())
     return 0

@@ -122,11 +122,14 @@ def response_token_range(policy: CausalLMPolicy) -> tuple[int, int]:
 
 def suppress_eos(model, eos_id: int = EOS, bias: float = -1e4):
     """Add ``bias`` to the EOS logit of every forward (a hook on the output layer), so all samplers produce
-    exactly max_new_tokens tokens. Finite, so entropies stay finite. Returns the hook handle (``.remove()``)."""
-    head = model.get_output_embeddings()
-    vec = torch.zeros(head.weight.shape[0])
-    vec[eos_id] = bias
-    return head.register_forward_hook(lambda mod, inp, out: out + vec.to(out.dtype).to(out.device))
+    exactly max_new_tokens tokens. Finite, so entropies stay finite. Returns the hook handle (``.remove()``).
+    In place, on the EOS column only: adding a vocabulary-sized vector instead copied every logit (on SmolLM2,
+    1.2 s of an 11 s scoring pass). The head's backward does not need its output, so autograd allows it."""
+    def hook(mod, inp, out):
+        out[..., eos_id] += bias
+        return out
+
+    return model.get_output_embeddings().register_forward_hook(hook)
 
 
 def interleaved(methods: dict[str, Callable[[], object]], reps: int, warmup: int,

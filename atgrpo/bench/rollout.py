@@ -8,9 +8,9 @@
   on the same left-padded batch (it repeats each prompt K times *before* the prefill).
 
 With ``precisions`` holding ``bfloat16``, also ``tree_bf16_copy``: the tree sampler on a bfloat16 copy of the
-policy (``policies/rollout_copy.py``), each response then rescored by the float32-master-weight policy under
-bfloat16 autocast (what a ``model.precision=bfloat16`` run's rollout does; its MFU counts both passes against the
-bfloat16 peak).
+policy (``policies/rollout_copy.py``), what a ``model.precision=bfloat16`` run's rollout does (its MFU against the
+bfloat16 peak). The trainer's log-probs of what it sampled are the update's business (``bench step`` times the
+whole step); after the timing they are taken once, as the update takes them, for the log-prob gap.
 
 Same model, prompts, temperature 1, float32 unless said otherwise; EOS is suppressed in all three so each produces exactly
 P * K * new_tokens tokens (checked). With a real model (``--preset smollm2``: chat prompts through its template)
@@ -65,21 +65,22 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
     methods = {"tree": tree, "naive_loop": naive_loop, "hf_generate": hf_generate}
     if shape.model != "tiny":
         del methods["naive_loop"]
-    gap = {}
+    gap, last = {}, {}
     if "bfloat16" in precisions:
         from ..policies.rollout_copy import RolloutCopies
 
-        copies = RolloutCopies({policy.policy_id: autocast_twin(policy)}, token_budget=shape.token_budget)
-        view = copies.views[policy.policy_id]
+        twin = autocast_twin(policy)
+        view = RolloutCopies({policy.policy_id: twin}).views[policy.policy_id]
 
         def tree_bf16_copy():
-            out = view.generate(prompts, K, 1.0, T, gen)
-            counts["tree_bf16_copy"] = sum(len(c.ids) for row in out for c in row)
-            gap.update(copies.pop_metrics())
+            last["out"] = view.generate(prompts, K, 1.0, T, gen)
+            counts["tree_bf16_copy"] = sum(len(c.ids) for row in last["out"] for c in row)
 
         methods["tree_bf16_copy"] = tree_bf16_copy
     try:
         times = interleaved(methods, shape.reps, shape.warmup)
+        if last:
+            gap = copy_gap(twin, prompts, last["out"], shape.algo())
     finally:
         hook.remove()
     expect = P * K * T
@@ -89,7 +90,7 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
     prompt_tokens = sum(map(len, prompts))
     flops = {"tree": 2 * n_params * (prompt_tokens + expect), "naive_loop": 2 * n_params * (K * prompt_tokens + expect),
              "hf_generate": 2 * n_params * (K * P * Lp + expect),
-             "tree_bf16_copy": 2 * 2 * n_params * (prompt_tokens + expect)}  # sampling, then the rescoring
+             "tree_bf16_copy": 2 * n_params * (prompt_tokens + expect)}
     res = {m: summarize(times[m], expect) for m in methods}
     for m in methods:
         res[m]["precision"] = "bfloat16" if m == "tree_bf16_copy" else "float32"
@@ -122,3 +123,20 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
                                                "tree speed-up", "MFU %"),
                  notes)
     return result
+
+
+def copy_gap(trainer, prompts: list[list[int]], comps, algo, temperature: float = 1.0) -> dict[str, float]:
+    """``rollout/logprob_gap/<policy>/{mean,max}`` of the copy's completions ``comps``: the trainer's log-probs
+    taken as the update takes them (``take_trainer_logprobs``, micro-batched as ``update_policy`` does)."""
+    from ..rollout.logprob_gap import LogprobGap
+    from ..rollout.records import Sample
+    from ..trainer.update import micro_batches, score_owed
+
+    samples = [Sample(problem=f"p{i}", branch=k, turn=0, agent="solo", policy=trainer.policy_id, prompt="",
+                      prompt_ids=p, response="", response_ids=c.ids, logprobs=c.logprobs, reward_team=0.0,
+                      reward_local=0.0, reward=0.0, selected=k == 0, finished=c.finished, temperature=temperature,
+                      trainer_logprobs=False)
+               for i, (p, row) in enumerate(zip(prompts, comps)) for k, c in enumerate(row)]
+    gap = LogprobGap()
+    score_owed(trainer, micro_batches(samples, algo), algo, temperature, gap)
+    return gap.pop()

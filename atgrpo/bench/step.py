@@ -5,8 +5,11 @@ One step = sample K responses to each of P prompts, score them, group advantages
 all P * K responses (one mini-batch, no KL, clip 0.2, token-level normalisation: TRL's default ``dapo`` loss
 matches atgrpo's token-mean). Both start from the same weights, see the same prompt texts (identical token
 ids: TRL gets a ``PreTrainedTokenizerFast`` with the byte vocabulary of ``ByteTokenizer``), sample at
-temperature 1 with no top-k/top-p, run float32 on the CPU, and have EOS suppressed (so every response has
-``new_tokens`` tokens; checked on both sides). TRL runs with gradient checkpointing off (its default is on,
+temperature 1 with no top-k/top-p, run on the CPU in one precision, and have EOS suppressed (so every response
+has ``new_tokens`` tokens; checked on both sides). In float32 both are plain float32. In bfloat16 (``precision``)
+both keep float32 master weights and compute in bfloat16: TRL with ``bf16=True`` (autocast), atgrpo as a
+``model.precision=bfloat16`` run does (rollout from a bfloat16 copy refreshed after the update, the trainer's
+log-probs taken in the update, the loss under autocast). TRL runs with gradient checkpointing off (its default is on,
 which would slow it down), no reference model (``beta=0``), no vLLM (transformers ``generate``).
 
 The two are interleaved in one process: a TRL callback times each TRL step (``on_step_begin`` to
@@ -27,8 +30,8 @@ from ..config import AlgoConfig
 from ..policies.tokenizer import BOS, EOS, OFFSET, PAD
 from ..rollout.records import Sample
 from ..trainer.update import make_optimizer, update_policy
-from .common import (Shape, bench_prompts, interleaved, machine, make_policy, shape_dict, summarize, suppress_eos,
-                     write_report)
+from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, shape_dict, summarize,
+                     suppress_eos, write_report)
 
 
 def reward_fn(text: str) -> float:
@@ -37,22 +40,27 @@ def reward_fn(text: str) -> float:
 
 
 def atgrpo_step(policy, optimizer, prompt_ids: list[list[int]], shape: Shape, algo: AlgoConfig,
-                gen: torch.Generator) -> int:
-    """One GRPO step through atgrpo's own code: batched K-way generate, group advantages, ``update_policy``.
-    Returns the number of response tokens."""
-    comps = policy.generate(prompt_ids, shape.K, 1.0, shape.new_tokens, gen)
+                gen: torch.Generator, copies=None) -> int:
+    """One GRPO step through atgrpo's own code: batched K-way generate (from ``copies``, a ``RolloutCopies`` of
+    ``policy``, when given; refreshed after the update), group advantages, ``update_policy``. Returns the number
+    of response tokens."""
+    sampler = copies.views[policy.policy_id] if copies is not None else policy
+    comps = sampler.generate(prompt_ids, shape.K, 1.0, shape.new_tokens, gen)
     samples = []
     for i, (p, row) in enumerate(zip(prompt_ids, comps)):
         for k, c in enumerate(row):
             r = reward_fn(c.text)
             samples.append(Sample(problem=f"p{i}", branch=k, turn=0, agent="solo", policy=policy.policy_id,
                                   prompt="", prompt_ids=p, response=c.text, response_ids=c.ids, logprobs=c.logprobs,
-                                  reward_team=0.0, reward_local=r, reward=r, selected=k == 0, finished=c.finished))
+                                  reward_team=0.0, reward_local=r, reward=r, selected=k == 0, finished=c.finished,
+                                  trainer_logprobs=c.trainer_logprobs))
     adv, _ = grouped_advantages(torch.tensor([s.reward for s in samples]),
                                 torch.arange(len(prompt_ids)).repeat_interleave(shape.K))
     for s, a in zip(samples, adv.tolist()):
         s.advantage = a
     update_policy(policy, optimizer, samples, algo, 1.0, gen)
+    if copies is not None:
+        copies.refresh([policy.policy_id])
     return sum(len(s.response_ids) for s in samples)
 
 
@@ -77,11 +85,17 @@ def byte_tokenizer_fast():
 
 
 def bench_step(shape: Shape, out_dir: str, name: str = "step", command: str | None = None,
-               with_trl: bool = True) -> dict:
+               with_trl: bool = True, precision: str = "float32") -> dict:
     steps = shape.warmup + shape.reps
     ours = make_policy(shape)
     texts = bench_prompts(shape, ours, shape.prompts * steps)  # step s uses texts[s*P:(s+1)*P], on both sides
     suppress_eos(ours.model, ours.eos_id)
+    copies = None
+    if precision == "bfloat16":
+        from ..policies.rollout_copy import RolloutCopies
+
+        ours = autocast_twin(ours)
+        copies = RolloutCopies({ours.policy_id: ours})
     algo = shape.algo(minibatches=1, lr=1e-6)
     opt = make_optimizer(ours, algo)
     gen = torch.Generator().manual_seed(shape.seed)
@@ -91,7 +105,7 @@ def bench_step(shape: Shape, out_dir: str, name: str = "step", command: str | No
     def ours_step():
         s = counter["ours"]
         counter["ours"] += 1
-        toks = atgrpo_step(ours, opt, ids[s * shape.prompts:(s + 1) * shape.prompts], shape, algo, gen)
+        toks = atgrpo_step(ours, opt, ids[s * shape.prompts:(s + 1) * shape.prompts], shape, algo, gen, copies)
         assert toks == shape.response_tokens, f"atgrpo step produced {toks} tokens, expected {shape.response_tokens}"
 
     trl_info: dict = {"available": False}
@@ -102,7 +116,7 @@ def bench_step(shape: Shape, out_dir: str, name: str = "step", command: str | No
         except ImportError as e:
             trl_info = {"available": False, "reason": f"import trl failed: {e} (pip install trl)"}
     if trl_info["available"]:
-        times, trl_info = _run_with_trl(shape, texts, ids, ours_step, steps, ours)
+        times, trl_info = _run_with_trl(shape, texts, ids, ours_step, steps, ours, precision == "bfloat16")
     else:
         times = interleaved({"atgrpo": ours_step}, shape.reps, shape.warmup)
     res = {m: summarize(t, shape.response_tokens) for m, t in times.items()}
@@ -110,17 +124,20 @@ def bench_step(shape: Shape, out_dir: str, name: str = "step", command: str | No
     ratios = {}
     if "trl" in res:
         ratios["atgrpo_vs_trl"] = res["trl"]["median_s"] / res["atgrpo"]["median_s"]
-    result = {"bench": "step", "shape": shape_dict(shape), "machine": machine(), "methods": res, "ratios": ratios,
+    result = {"bench": "step", "precision": precision, "shape": shape_dict(shape), "machine": machine(),
+              "methods": res, "ratios": ratios,
               "targets": {"atgrpo_vs_trl": target}, "trl": trl_info, "command": command}
     rows = [(m, shape.response_tokens, res[m]["median_s"], res[m]["tokens_per_s"]) for m in res]
     notes = ([f"atgrpo vs TRL GRPOTrainer: {ratios['atgrpo_vs_trl']:.2f}x (target >= {target:g}x)"] if ratios else
              [f"TRL not measured: {trl_info.get('reason')}"])
+    notes.append(f"precision {precision} on both sides" + ("" if precision == "float32" else
+                 " (float32 master weights; TRL bf16=True; atgrpo: rollout from a bfloat16 copy)"))
     write_report(out_dir, name, result, rows, ("trainer", "response tokens / step", "median s / step", "tokens/s"),
                  notes)
     return result
 
 
-def _run_with_trl(shape: Shape, texts: list[str], ids: list[list[int]], ours_step, steps: int, ours):
+def _run_with_trl(shape: Shape, texts: list[str], ids: list[list[int]], ours_step, steps: int, ours, bf16: bool):
     import trl
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -155,7 +172,7 @@ def _run_with_trl(shape: Shape, texts: list[str], ids: list[list[int]], ours_ste
                      num_generations=shape.K, max_completion_length=shape.new_tokens,
                      gradient_accumulation_steps=shape.prompts * shape.K // per_device,
                      max_steps=steps, learning_rate=1e-6, lr_scheduler_type="constant", beta=0.0, epsilon=0.2,
-                     temperature=1.0, top_k=0, top_p=1.0, gradient_checkpointing=False, bf16=False, use_cpu=True,
+                     temperature=1.0, top_k=0, top_p=1.0, gradient_checkpointing=False, bf16=bf16, use_cpu=True,
                      shuffle_dataset=False, logging_steps=1, report_to="none", save_strategy="no",
                      disable_tqdm=True, dataloader_num_workers=0, seed=shape.seed)
     def reward(completions, **kw):

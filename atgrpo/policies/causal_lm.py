@@ -45,12 +45,26 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return (torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)).view(targets.shape)
 
 
+def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``probs  # (A, V)`` (rows need not sum to 1), drawn by inverting the cumulative
+    distribution: one uniform number per row, found in the row's running sum (float64, so that a token of
+    probability 1e-12 keeps an interval of its own size). ``torch.multinomial`` draws V exponential numbers per
+    row instead: on a 49k-token vocabulary that took 54 ms per decoding step of 64 rows on one CPU thread, against
+    7 ms here. A token of probability 0 is never drawn (its interval is empty)."""
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
+    return tok.squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
 @dataclass
 class Completion:
     ids: list[int]  # response tokens, EOS included when produced
     logprobs: list[float]  # log p(token) under softmax(logits / T) at sampling time; empty when greedy
     text: str  # decoded response without special tokens
     finished: bool  # True when EOS was produced within max_new_tokens
+    trainer_logprobs: bool = True  # False: ``logprobs`` are another sampler's (a rollout copy, vLLM), and the
+    # update takes the trainer's own in their place (``trainer.update.take_trainer_logprobs``)
 
 
 class CausalLMPolicy:
@@ -157,7 +171,7 @@ class CausalLMPolicy:
             for step in range(max_new_tokens):
                 if temperature > 0:
                     logp_all = F.log_softmax(logits / temperature, dim=-1)
-                    tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)  # (A,)
+                    tok = sample_tokens(logp_all.exp(), generator)  # (A,)
                     out_lp[rows, step] = logp_all.gather(1, tok[:, None]).squeeze(1)
                 else:
                     tok = logits.argmax(-1)

@@ -14,11 +14,10 @@ stay float32, as under autocast: a bfloat16 head rounds logits near 20 to steps 
 put the copy's log-probs 0.024 from the trainer's on average), a whole model in bfloat16 drifts further (0.047;
 ``benchmarks/copy_gap.py``).
 
-The loss does not take the copy's log-probs on trust: every sampled response is scored again by the trainer's
-model (``rollout.logprob_gap.trainer_logprobs``, shared-prefix, one forward per prompt group), and the copy's
-log-probs only feed ``rollout/logprob_gap/<policy>`` (cascade decoding and the packed scoring pass round
-differently in bfloat16, so the gap is small, not zero). Greedy decoding (evaluation) needs no log-probs and so
-no rescoring.
+The loss does not take the copy's log-probs on trust: the update scores every sampled response with the
+trainer's model before its first optimizer step (``trainer.update.take_trainer_logprobs``: the first mini-batch's
+own forward, one no-grad pass for the others), and the copy's log-probs only feed ``rollout/logprob_gap/<policy>``
+(cascade decoding and the packed scoring pass round differently in bfloat16, so the gap is small, not zero).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from ..rollout.logprob_gap import LogprobGap, RescoredView
+from ..rollout.logprob_gap import RescoredView
 from .causal_lm import Completion
 from .protocol import TrainablePolicy
 
@@ -56,17 +55,16 @@ def _cast_linear_weights(root: torch.nn.Module, dtype: torch.dtype) -> None:
 
 
 class CopyPolicy(RescoredView):
-    """A policy's rollout view: samples with ``sampler`` (the trainer policy's class on the copy) and returns the
-    trainer's log-probs of what it sampled (``policy``: the trainer's)."""
+    """A policy's rollout view: samples with ``sampler`` (the trainer policy's class on the copy), marking what it
+    sampled as owed the trainer's log-probs (``policy``: the trainer's)."""
 
-    def __init__(self, policy: TrainablePolicy, sampler: TrainablePolicy, gap: LogprobGap, token_budget: int):
-        super().__init__(policy, gap, token_budget)
+    def __init__(self, policy: TrainablePolicy, sampler: TrainablePolicy):
+        super().__init__(policy)
         self.sampler = sampler
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
-        return self.rescore(prompt_ids, self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator),
-                            temperature)
+        return self.rescore(self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator), temperature)
 
 
 class RolloutCopies:
@@ -75,11 +73,10 @@ class RolloutCopies:
 
     Policies that share one module (L2's adapters on one peft model) share one copy: all of them are deep-copied
     with one memo, so the copy keeps the sharing. ``refresh(pids)`` brings the copies of ``pids`` up to the
-    trainer's weights; ``pop_metrics`` gives the log-prob gap and the time spent refreshing and rescoring."""
+    trainer's weights; ``pop_metrics`` gives the time spent refreshing."""
 
-    def __init__(self, policies: dict[str, TrainablePolicy], dtype: torch.dtype = torch.bfloat16,
-                 token_budget: int = 16384):
-        self.dtype, self.gap = dtype, LogprobGap()
+    def __init__(self, policies: dict[str, TrainablePolicy], dtype: torch.dtype = torch.bfloat16):
+        self.dtype = dtype
         t = time.perf_counter()
         memo: dict[int, object] = {}
         self.views: dict[str, CopyPolicy] = {}
@@ -90,7 +87,7 @@ class RolloutCopies:
                                  f"(precision.apply_autocast), so that both compute the same")
             sampler = copy.copy(trainer)  # same class, tokenizer and settings; its own model below
             sampler.model = copy.deepcopy(trainer.model, memo)  # the autocast wrappers come along, rebound
-            self.views[pid] = CopyPolicy(trainer, sampler, self.gap, token_budget)
+            self.views[pid] = CopyPolicy(trainer, sampler)
         for root in {id(_root(v.sampler.model)): _root(v.sampler.model) for v in self.views.values()}.values():
             _cast_linear_weights(root, dtype)
             for p in root.parameters():
@@ -112,12 +109,7 @@ class RolloutCopies:
             self.refresh_s[pid] = time.perf_counter() - t
 
     def pop_metrics(self) -> dict[str, float]:
-        """The log-prob gap per policy, and the seconds spent refreshing the copies and rescoring, since the last
-        call."""
-        m = self.gap.pop()
-        m["time/rollout_copy_refresh"] = sum(self.refresh_s.values())
-        m["time/logprob_recompute"] = sum(v.recompute_s for v in self.views.values())
+        """The seconds spent refreshing the copies since the last call."""
+        m = {"time/rollout_copy_refresh": sum(self.refresh_s.values())}
         self.refresh_s = {}
-        for v in self.views.values():
-            v.recompute_s = 0.0
         return m

@@ -30,11 +30,13 @@ class Sample:
     group: str = ""  # filled by the trainer
     advantage: float = 0.0  # filled by the trainer
     temperature: float | None = None  # the sampling temperature (the loss scores under the same one)
+    trainer_logprobs: bool = True  # False: ``logprobs`` are another sampler's (a rollout copy, vLLM) until the
+    # update puts the trainer's own in their place, before its first optimizer step
 
     def dump(self) -> dict[str, Any]:
         """The JSON line written to rollouts/step_<N>.jsonl (token ids and log-probs left out)."""
         d = asdict(self)
-        for k in ("prompt_ids", "response_ids", "logprobs"):
+        for k in ("prompt_ids", "response_ids", "logprobs", "trainer_logprobs"):
             d.pop(k)
         return d
 

@@ -126,7 +126,8 @@ def _node(run: _Rollout, active: list[int], agent: str, policy: Policy, sampling
                 problem=envs[i].problem_id, branch=k, turn=turn, agent=agent, policy=policy.policy_id,
                 prompt=prompt, prompt_ids=pids, response=c.text, response_ids=c.ids, logprobs=c.logprobs,
                 reward_team=r.reward.team, reward_local=r.reward.local, reward=totals[k], score=totals[k],
-                selected=k == best, finished=c.finished, info=r.info, temperature=temp))
+                selected=k == best, finished=c.finished, info=r.info, temperature=temp,
+                trainer_logprobs=c.trainer_logprobs))
             run.origin.append(i)
         run.returns[i][agent] += totals[best]
         run.transcripts[i].append({"turn": turn, "agent": agent, "prompt": prompt, "response": comps[best].text,

@@ -9,9 +9,9 @@ trainer's; the trainer talks to it over a Unix socket and hands weights over as 
   ``n`` samples per prompt sharing the prompt's cache, seeded), ``load_weights`` (full weights, in place, no
   restart; the prefix cache cleared), LoRA adapters per request (``enable_lora``).
 - ``EnginePolicy``: what the tree sampler needs of a policy (``policy_id``, ``render``, ``encode``,
-  ``generate``), sampling on an engine. The log-probs it returns for the loss are the **trainer's**, recomputed
-  with the trainer's model on the sampled tokens (the engine's are compared with them, not trusted):
-  ``LogprobGap`` (``logprob_gap.py``) keeps mean and max ``|engine - trainer|`` per policy.
+  ``generate``), sampling on an engine. The loss does not trust the engine's log-probs: the update puts the
+  **trainer's** in their place (``trainer.update.take_trainer_logprobs``) and logs mean and max
+  ``|engine - trainer|`` per policy (``logprob_gap.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 from ..policies.causal_lm import Completion
 from ..policies.protocol import TrainablePolicy
-from .logprob_gap import LogprobGap, RescoredView
+from .logprob_gap import RescoredView
 
 PYTHON_ENV = "ATGRPO_VLLM_PYTHON"  # the Python that runs the engine, when rollout.vllm.python is not set
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_server.py")
@@ -228,13 +228,11 @@ def lora_rank_limit(rank: int) -> int:
 
 class EnginePolicy(RescoredView):
     """A policy's rollout view (a ``policies.protocol.Policy``): renders and encodes as ``policy``, samples on
-    ``engine`` (with ``adapter``, a ``(name, id, path)`` triple, for per-role LoRA), and returns the trainer's
-    log-probs of the sampled tokens (recomputed with ``policy.model``, shared-prefix, ``token_budget`` padded
-    tokens per forward)."""
+    ``engine`` (with ``adapter``, a ``(name, id, path)`` triple, for per-role LoRA), and marks what it sampled as
+    owed the trainer's log-probs, which the update computes."""
 
-    def __init__(self, policy: TrainablePolicy, engine: VLLMEngine, gap: LogprobGap, adapter=None,
-                 token_budget: int = 16384):
-        super().__init__(policy, gap, token_budget)
+    def __init__(self, policy: TrainablePolicy, engine: VLLMEngine, adapter=None):
+        super().__init__(policy)
         self.engine, self.adapter = engine, adapter
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
@@ -247,4 +245,4 @@ class EnginePolicy(RescoredView):
                                     None if self.adapter is None else [self.adapter] * len(prompt_ids))
         comps = [[Completion(list(ids), list(lps), self.policy.decode(ids), fin) for ids, lps, fin in row]
                  for row in rows]
-        return self.rescore(prompt_ids, comps, temperature)
+        return self.rescore(comps, temperature)

@@ -74,14 +74,14 @@ class LocalBackend:
     rollout_dtype: torch.dtype | None = None
     copies: RolloutCopies | None = None
 
-    def __init__(self, rollout_dtype: torch.dtype | None = None, token_budget: int = 16384):
-        self.rollout_dtype, self.token_budget = rollout_dtype, token_budget
+    def __init__(self, rollout_dtype: torch.dtype | None = None):
+        self.rollout_dtype = rollout_dtype
 
     def _views(self, state: TrainState) -> dict[str, Policy]:
         if self.rollout_dtype is None:
             return state.policies
         if self.copies is None:
-            self.copies = RolloutCopies(state.policies, self.rollout_dtype, self.token_budget)
+            self.copies = RolloutCopies(state.policies, self.rollout_dtype)
         return self.copies.views
 
     def rollout_policies(self, state: TrainState) -> dict[str, Policy]:

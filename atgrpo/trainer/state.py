@@ -56,7 +56,7 @@ def local_backend(cfg: Config) -> LocalBackend:
     from ..policies.precision import autocast_of
 
     copy = cfg.rollout.engine == "native" and autocast_of(cfg.model, cfg.system.backend) == "bfloat16"
-    return LocalBackend(torch.bfloat16 if copy else None, cfg.algo.update_token_budget)
+    return LocalBackend(torch.bfloat16 if copy else None)
 
 
 def check_model_path(cfg: Config) -> None:

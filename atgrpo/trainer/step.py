@@ -49,6 +49,10 @@ class StepResult:
             for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "samples", "optimizer_steps", "skipped_nonfinite"):
                 m[f"update/{pid}/{k}"] = float(getattr(u, k))
         m.update(rollout_metrics(self.samples, self.episodes))
+        for u in self.updates.values():
+            m.update(u.logprob_gap)  # rollouts from another sampler: how far its log-probs were from the trainer's
+        if any(u.logprob_gap for u in self.updates.values()):
+            m["time/logprob_recompute"] = sum(u.rescore_s for u in self.updates.values())
         m.update(self.backend)
         weight = sum(float(u.samples) for u in self.updates.values())
         for k in ("loss", "clipfrac", "approx_kl"):  # sample-weighted over policies

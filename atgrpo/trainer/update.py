@@ -1,8 +1,11 @@
 """One policy's update on its own fresh samples: one PPO epoch split into mini-batches (docs/method.md).
 
 Old log-probs are the ones recorded at sampling time (same model, same temperature: the ratio starts at 1 up
-to float noise). Gradient accumulation over micro-batches uses the mini-batch's total token (or sequence)
-count as normaliser, so it equals one pass over the mini-batch. With ``algo.shared_prefix`` (the default) each
+to float noise). Samples drawn by another sampler (a bfloat16 rollout copy, vLLM: ``Sample.trainer_logprobs``
+False) get the trainer's own before the first optimizer step (``take_trainer_logprobs``): the first mini-batch's
+forward gives them as it computes the loss, the later mini-batches get one no-grad pass first. Gradient
+accumulation over micro-batches uses the mini-batch's total token (or sequence) count as normaliser, so it
+equals one pass over the mini-batch. With ``algo.shared_prefix`` (the default) each
 distinct prompt of a micro-batch runs forward once and its responses run on its KV cache
 (``policies/shared_prefix.py``): the same log-probs and gradients as one sequence per sample, less compute.
 """
@@ -10,7 +13,8 @@ distinct prompt of a micro-batch runs forward once and its responses run on its 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -19,6 +23,7 @@ from ..algorithms.losses import LossStats, policy_loss
 from ..config import AlgoConfig
 from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
+from ..rollout.logprob_gap import LogprobGap
 from ..rollout.records import Sample
 
 
@@ -32,6 +37,8 @@ class UpdateStats:
     samples: int = 0
     optimizer_steps: int = 0
     skipped_nonfinite: int = 0
+    logprob_gap: dict[str, float] = field(default_factory=dict)  # rollout/logprob_gap/<policy>/{mean,max}
+    rescore_s: float = 0.0  # the no-grad pass that scored samples owed the trainer's log-probs
 
 
 def make_optimizer(policy: TrainablePolicy, algo: AlgoConfig) -> torch.optim.Optimizer:
@@ -126,16 +133,46 @@ def score(policy: TrainablePolicy, micro: list[Sample], temperature: float, algo
     return fn([s.prompt_ids for s in micro], [s.response_ids for s in micro], temperature)
 
 
+def _temperature(micro: list[Sample], temperature: float) -> float:
+    """The micro-batch's sampling temperature (``micro_batches`` keeps one per micro-batch), else ``temperature``."""
+    return micro[0].temperature if micro and micro[0].temperature is not None else temperature
+
+
+def take_trainer_logprobs(policy_id: str, micro: list[Sample], logp: torch.Tensor, gap: LogprobGap) -> None:
+    """Put the trainer's log-probs (``logp  # (B, T)``, ``micro`` scored before any optimizer step of this
+    update) in place of the sampler's in every sample still owed them (``Sample.trainer_logprobs`` False); how
+    far the sampler's were feeds ``gap``."""
+    rows = logp.detach().float().cpu()
+    for s, row in zip(micro, rows):
+        if not s.trainer_logprobs:
+            mine = row[:len(s.logprobs)]
+            gap.add(policy_id, (mine - torch.tensor(s.logprobs)).abs())
+            s.logprobs, s.trainer_logprobs = mine.tolist(), True
+
+
+@torch.no_grad()
+def score_owed(policy: TrainablePolicy, micros: list[list[Sample]], algo: AlgoConfig, temperature: float,
+               gap: LogprobGap) -> None:
+    """One no-grad pass over the micro-batches that hold samples owed the trainer's log-probs."""
+    for micro in micros:
+        if any(not s.trainer_logprobs for s in micro):
+            logp, _ = score(policy, micro, _temperature(micro, temperature), algo)
+            take_trainer_logprobs(policy.policy_id, micro, logp, gap)
+
+
 def backward_micro_batch(policy: TrainablePolicy, micro: list[Sample], normalizer: float, algo: AlgoConfig,
-                         temperature: float, reference: TrainablePolicy | None = None, weight: float = 1.0
-                         ) -> tuple[float, LossStats]:
+                         temperature: float, reference: TrainablePolicy | None = None, weight: float = 1.0,
+                         gap: LogprobGap | None = None) -> tuple[float, LossStats]:
     """Score one micro-batch, compute its share of the mini-batch loss (``normalizer``: the whole mini-batch's
     token or sequence count) and accumulate its gradients. Shared by the local and the data-parallel update.
     ``temperature`` applies to samples that do not record their own (``Sample.temperature``). ``weight`` scales
-    the loss before the backward (0: a padding pass of the sharded update, which adds nothing)."""
-    if micro and micro[0].temperature is not None:
-        temperature = micro[0].temperature  # micro_batches keeps one sampling temperature per micro-batch
+    the loss before the backward (0: a padding pass of the sharded update, which adds nothing). Samples owed the
+    trainer's log-probs take this forward's (``gap``: where the difference goes), so they must come before the
+    update's first optimizer step."""
+    temperature = _temperature(micro, temperature)
     logp, mask = score(policy, micro, temperature, algo)
+    if any(not s.trainer_logprobs for s in micro):
+        take_trainer_logprobs(policy.policy_id, micro, logp, gap if gap is not None else LogprobGap())
     old = torch.zeros_like(logp)
     for i, s in enumerate(micro):
         old[i, :len(s.logprobs)] = torch.tensor(s.logprobs)
@@ -191,11 +228,20 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
     loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
     micros = [micro_batches(mb, algo) if mb else [] for mb in shards]
     passes = equal_passes([len(m) for m in micros]) if equal_passes is not None else [len(m) for m in micros]
+    gap = LogprobGap()
+    later = [micro for mb_micros in micros[1:] for micro in mb_micros]
+    if any(not s.trainer_logprobs for micro in later for s in micro):
+        if equal_passes is not None:  # every rank would have to run the same number of extra passes
+            raise ValueError("a sharded (FSDP) update cannot score samples from another sampler; rescore them "
+                             "before the update")
+        t = time.perf_counter()
+        score_owed(policy, later, algo, temperature, gap)  # before the first optimizer step changes the weights
+        stats.rescore_s = time.perf_counter() - t
     for mb_micros, n_passes, normalizer in zip(micros, passes, normalizers):
         optimizer.zero_grad(set_to_none=True)
         local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
         for micro in mb_micros:
-            loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference)
+            loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference, gap=gap)
             local = [local[0] + loss_value, local[1] + ls.clipped_tokens, local[2] + ls.kl_sum, local[3] + ls.tokens]
         for _ in range(n_passes - len(mb_micros)):
             backward_micro_batch(policy, [padding_sample()], normalizer, algo, temperature, reference, weight=0.0)
@@ -216,6 +262,7 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
     stats.loss = loss_sum / max(1, stats.optimizer_steps)
     stats.clipfrac = clip_sum / max(1, stats.tokens)
     stats.approx_kl = kl_sum / max(1, stats.tokens)
+    stats.logprob_gap = gap.pop()
     optimizer.zero_grad(set_to_none=True)
     return stats
 

@@ -4,9 +4,9 @@ Engines: L0/L1/L3 one per policy (full weights); L2 one for all roles, every rol
 (``enable_lora``), each request with its role's adapter. After every update the updated policies' weights go
 to their engine without a restart: full weights through the worker's in-place reload, adapters as a new
 adapter version (the old one removed). At start-up the engines get the weights as they are then (after a warm
-start, or a resumed checkpoint). The loss uses the trainer's recomputed log-probs (``EnginePolicy``); the
-engine's are only compared with them (``rollout/logprob_gap/<policy>/{mean,max}``). Evaluation stays on the
-native engine (greedy, ``state.policies``).
+start, or a resumed checkpoint). The loss uses the trainer's log-probs, which the update computes
+(``trainer.update.take_trainer_logprobs``); the engine's are only compared with them
+(``rollout/logprob_gap/<policy>/{mean,max}``). Evaluation stays on the native engine (greedy, ``state.policies``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from ..config import Config, max_new_tokens_any
 from ..policies.precision import resolve_precision
 from ..rollout.records import Sample
-from ..rollout.logprob_gap import LogprobGap
 from ..rollout.vllm_engine import EnginePolicy, VLLMEngine, lora_rank_limit, shm_dir
 from .backend import LocalBackend
 from .state import TrainState
@@ -34,7 +33,7 @@ class VLLMBackend(LocalBackend):
     def __init__(self, cfg: Config, state: TrainState):
         from ..policies.hf import resolve_model_dir
 
-        self.cfg, self.gap = cfg, LogprobGap()
+        self.cfg = cfg
         model_dir = resolve_model_dir(cfg.model)
         v = cfg.rollout.vllm
         max_len = v.max_model_len or cfg.model.max_prompt_tokens + max_new_tokens_any(cfg)  # longest role's
@@ -62,8 +61,8 @@ class VLLMBackend(LocalBackend):
         except BaseException:
             self.close()
             raise
-        self.views = {pid: EnginePolicy(state.policies[pid], self.engines[pid], self.gap, self.adapters.get(pid),
-                                        cfg.algo.update_token_budget) for pid in pids}
+        self.views = {pid: EnginePolicy(state.policies[pid], self.engines[pid], self.adapters.get(pid))
+                      for pid in pids}
         self._first = True
 
     def sync(self, state: TrainState, pids: list[str]) -> dict[str, float]:
@@ -98,13 +97,10 @@ class VLLMBackend(LocalBackend):
         return out
 
     def step_metrics(self) -> dict[str, float]:
-        m = self.gap.pop()
+        m = {}
         for pid, s in self.sync_s.items():
             m[f"time/weight_sync/{pid}"] = s
         m["time/weight_sync"] = sum(self.sync_s.values())
-        m["time/logprob_recompute"] = sum(v.recompute_s for v in self.views.values())
-        for v in self.views.values():
-            v.recompute_s = 0.0
         if self._first:  # once: how long the engines took to start
             m["time/engine_startup"] = self.startup_s
             self._first = False
