@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from atgrpo.bench.common import Shape
 from atgrpo.cli import main
@@ -99,6 +100,25 @@ def test_bench_step(tmp_path):
     assert r["trl"]["available"] is has_trl
     if has_trl:
         assert r["ratios"]["atgrpo_vs_trl"] > 0 and r["trl"]["completion_mean_lengths"]
+
+
+def test_bench_step_in_bfloat16_samples_from_the_copy_and_refreshes_it(tmp_path, monkeypatch):
+    """precision=bfloat16: atgrpo's step samples from a rollout copy, takes the trainer's log-probs in the update
+    and refreshes the copy; both trainers are told to compute in bfloat16."""
+    import atgrpo.bench.step as step
+    from atgrpo.policies.rollout_copy import RolloutCopies
+
+    made: list[RolloutCopies] = []
+    monkeypatch.setattr(step, "RolloutCopies", lambda policies: made.append(RolloutCopies(policies)) or made[-1])
+    has_trl = importlib.util.find_spec("trl") is not None
+    r = step.bench_step(SMALL, str(tmp_path), "step_bf16", with_trl=has_trl, precision="bfloat16")
+    _check(r, tmp_path / "step_bf16.json", {"atgrpo", "trl"} if has_trl else {"atgrpo"})
+    assert r["precision"] == "bfloat16" and "precision bfloat16 on both sides" in (tmp_path / "step_bf16.md").read_text()
+    (copies,) = made
+    view = copies.views["bench"]
+    trainer = dict(view.policy.model.named_parameters())
+    for name, p in view.sampler.model.named_parameters():  # refreshed after the last update
+        assert torch.equal(p, trainer[name].detach().to(p.dtype)), name
 
 
 def test_bench_real_model_shape_uses_chat_prompts_and_the_models_tokenizer(tmp_path):

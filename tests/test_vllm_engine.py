@@ -326,3 +326,20 @@ def test_smollm2_two_train_steps_with_the_vllm_engine(tmp_path, sharing):
     assert [r["step"] for r in rows] == [1, 2]
     gaps = [v for r in rows for k, v in r.items() if k.startswith("rollout/logprob_gap/") and k.endswith("/max")]
     assert gaps and max(gaps) < 1e-3, gaps
+
+
+@pytest.mark.parametrize("engines", ["native", pytest.param("native,vllm", marks=needs_vllm)])
+def test_engine_bench_times_each_engine_in_both_precisions(tmp_path, hf_dir, engines):
+    """``atgrpo bench rollout --engine ... --precision both``: every engine in float32 and in bfloat16 (native:
+    its bfloat16 rollout copy; vLLM: a second engine with dtype bfloat16), side by side, the same token counts."""
+    from atgrpo.bench.engines import bench_engines
+
+    names = engines.split(",")
+    r = bench_engines(names, str(tmp_path), "eng", "cmd", model_path=hf_dir, prompts=2, prompt_tokens=40, K=2,
+                      new_tokens=3, reps=1, warmup=0, precisions=("float32", "bfloat16"))
+    assert set(r["methods"]) == {n + s for n in names for s in ("", "_bf16")}
+    for m, res in r["methods"].items():
+        assert res["precision"] == ("bfloat16" if m.endswith("_bf16") else "float32") and res["tokens_per_s"] > 0
+    assert set(r["engines"]) == ({"vllm", "vllm_bf16"} if "vllm" in names else set())
+    text = (tmp_path / "eng.md").read_text()
+    assert "native: bfloat16 vs float32" in text and ("bfloat16: native vs vLLM" in text) == ("vllm" in names)

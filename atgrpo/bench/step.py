@@ -27,6 +27,7 @@ import torch
 
 from ..algorithms.advantages import grouped_advantages
 from ..config import AlgoConfig
+from ..policies.rollout_copy import RolloutCopies
 from ..policies.tokenizer import BOS, EOS, OFFSET, PAD
 from ..rollout.records import Sample
 from ..trainer.update import make_optimizer, update_policy
@@ -92,8 +93,6 @@ def bench_step(shape: Shape, out_dir: str, name: str = "step", command: str | No
     suppress_eos(ours.model, ours.eos_id)
     copies = None
     if precision == "bfloat16":
-        from ..policies.rollout_copy import RolloutCopies
-
         ours = autocast_twin(ours)
         copies = RolloutCopies({ours.policy_id: ours})
     algo = shape.algo(minibatches=1, lr=1e-6)
