@@ -160,3 +160,15 @@ def test_a_failed_cell_stays_todo_and_its_time_counts_when_it_is_rerun(tmp_path)
     good = run_real_table(out, runs, ["math"], ["mas_L1"], [1], extra=TINY, root=str(ROOT), say=lambda _: None)
     assert good["failed"] == [] and good["table"]["table"]["math"]["mas_L1"]["n"] == 1
     assert json.loads(Path(cell_file(out, cell)).read_text())["wall_seconds"] > first > 0
+
+
+def test_threads_flag_becomes_each_cells_train_threads(monkeypatch, tmp_path):
+    """``--threads N``: every cell runs with train.threads=N (an override recorded in its cell file)."""
+    import atgrpo.bench.real_command as rc
+
+    seen: dict = {}
+    monkeypatch.setattr(rc, "run_real_table", lambda *a, **k: seen.update(k) or {"failed": []})
+    assert main(["bench", "real-table", "--dry-run", "--threads", "2", "--out", str(tmp_path)]) == 0
+    assert seen["extra"] == ["train.threads=2"]
+    assert main(["bench", "real-table", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert seen["extra"] is None

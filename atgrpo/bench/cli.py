@@ -20,7 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per method (median reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed repetitions first")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="torch threads (default: torch's own; 1 is steadier on a busy machine)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's own; 1 is steadier on a busy machine); "
+                   "real-table: each cell's train.threads (default: its config's, 1), recorded in the cell file")
     p.add_argument("--hidden-size", type=int, help="tiny model width (default: TinyModelConfig)")
     p.add_argument("--num-layers", type=int, help="tiny model depth (default: TinyModelConfig)")
     p.add_argument("--no-trl", action="store_true", help="step: time atgrpo only")
@@ -85,7 +86,8 @@ def run(args) -> int:
         result = run_real_table(args.out if args.out != "bench_out" else DEFAULT_OUT, args.runs or DEFAULT_RUNS,
                                 parse_list(args.tasks), parse_list(args.rows), parse_list(args.seeds, int),
                                 args.dry_run, args.report_only, progress=True,
-                                keep_checkpoints=args.keep_checkpoints)
+                                keep_checkpoints=args.keep_checkpoints,
+                                extra=[f"train.threads={args.threads}"] if args.threads else None)
         return 1 if result["failed"] else 0
     if args.which == "learning":
         from .learning import run_learning_bench
