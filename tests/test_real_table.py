@@ -172,3 +172,29 @@ def test_threads_flag_becomes_each_cells_train_threads(monkeypatch, tmp_path):
     assert seen["extra"] == ["train.threads=2"]
     assert main(["bench", "real-table", "--dry-run", "--out", str(tmp_path)]) == 0
     assert seen["extra"] is None
+
+
+def test_the_table_is_rewritten_after_each_cell(tmp_path, monkeypatch):
+    """A run stopped between cells (here: the second cell fails) leaves table.json holding the first."""
+    import atgrpo.bench.real_cells as rc
+
+    template = json.loads((ROOT / "docs/results/real/cells/math/mas_L1/seed0.json").read_text())
+    out = str(tmp_path)
+    seen = []
+
+    def fake_run_cell(cell, out_, *a, **k):
+        if seen:  # the second cell: the first one is in the table already
+            seen.append(json.loads(Path(out_, "table.json").read_text()))
+            raise RuntimeError("stopped")
+        result = {**template, "task": cell.task, "row": cell.row, "seed": cell.seed}
+        os.makedirs(os.path.dirname(cell_file(out_, cell)), exist_ok=True)
+        Path(cell_file(out_, cell)).write_text(json.dumps(result))
+        seen.append(cell)
+        return result
+
+    monkeypatch.setattr(rc, "run_cell", fake_run_cell)
+    cells = [rt.Cell("math", "mas_L1", 7), rt.Cell("math", "mas_L1", 8)]
+    rows = [{"cell": c, "done": False, "seconds": 60.0, "source": "model"} for c in cells]
+    failed = rc.run_plan(rows, out, str(tmp_path / "runs"), [], str(ROOT), say=lambda line: None)
+    assert [f["cell"] for f in failed] == ["math/mas_L1/seed8"]
+    assert list(seen[1]["table"]["math"]["mas_L1"]["seeds"]) == ["7"]

@@ -159,7 +159,10 @@ def run_plan(rows: list[dict[str, Any]], out: str, runs: str, extra: list[str], 
              say: Callable[[str], None] = print, progress: bool = False, keep_checkpoints: bool = False
              ) -> list[dict[str, Any]]:
     """Run the plan's cells that are not done, one after the other, with a progress line after each (done/total,
-    elapsed, estimated time left). A cell that raises is reported and the others go on; returns the failures."""
+    elapsed, estimated time left) and the table rewritten from the cell files, so a run stopped between cells
+    leaves it up to date. A cell that raises is reported and the others go on; returns the failures."""
+    from .real_report import write_report
+
     todo = [r for r in rows if not r["done"]]
     failed, start = [], time.time()
     for i, r in enumerate(todo, 1):
@@ -168,6 +171,7 @@ def run_plan(rows: list[dict[str, Any]], out: str, runs: str, extra: list[str], 
         try:
             result = run_cell(cell, out, runs, extra, root, progress, keep_checkpoints)
             what = f"{result['start']:.3f} -> {result['end']:.3f} in {result['wall_seconds'] / 60:.1f} min"
+            write_report(finished_cells(out), out)
         except Exception as e:  # one failed cell must not stop the others; it stays todo for the next run
             failed.append({"cell": cell.name, "error": f"{type(e).__name__}: {e}"})
             what = f"FAILED: {failed[-1]['error']}"
