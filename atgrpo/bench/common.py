@@ -123,8 +123,8 @@ def response_token_range(policy: CausalLMPolicy) -> tuple[int, int]:
 def suppress_eos(model, eos_id: int = EOS, bias: float = -1e4):
     """Add ``bias`` to the EOS logit of every forward (a hook on the output layer), so all samplers produce
     exactly max_new_tokens tokens. Finite, so entropies stay finite. Returns the hook handle (``.remove()``).
-    In place, on the EOS column only: adding a vocabulary-sized vector instead copied every logit (on SmolLM2,
-    1.2 s of an 11 s scoring pass). The head's backward does not need its output, so autograd allows it."""
+    In place, on the EOS column only: adding a vocabulary-sized vector instead made a copy of every logit at every
+    forward. The head's backward does not need its output, so autograd allows it."""
     def hook(mod, inp, out):
         out[..., eos_id] += bias
         return out
@@ -248,6 +248,15 @@ def autocast_twin(policy: CausalLMPolicy) -> CausalLMPolicy:
     twin = copy.copy(policy)
     twin.model = apply_autocast(copy.deepcopy(policy.model), "bfloat16")
     return twin
+
+
+def bf16_rollout_view(policy: CausalLMPolicy):
+    """What a ``model.precision=bfloat16`` run samples from: the rollout view of a bfloat16 copy of ``policy``'s
+    autocast twin (``view.policy``: the twin, which scores; ``view.sampler``: the copy, which samples)."""
+    from ..policies.rollout_copy import RolloutCopies
+
+    twin = autocast_twin(policy)
+    return RolloutCopies({policy.policy_id: twin}).views[policy.policy_id]
 
 
 def shape_dict(shape: Shape) -> dict:

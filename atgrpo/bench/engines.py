@@ -5,7 +5,8 @@ with more of the grid description to about 300 tokens), K = 8 samples each, 64 n
 float32 or (``precision="bfloat16"``) bfloat16 on both sides (native: its bfloat16 rollout copy, sampling only,
 as a ``model.precision=bfloat16`` run samples; vLLM: ``dtype=bfloat16``), or both side by side, in one process:
 every repetition runs each engine once, in rotating order (``interleaved``); EOS is suppressed on both (native:
-a -1e4 bias on its logit; vLLM: no stop token, ``ignore_eos``), so each engine produces exactly P * K * T tokens (checked). Also measured: the vLLM engine's start-up, its full-weight sync
+a -1e4 bias on its logit; vLLM: no stop token, ``ignore_eos``), so each engine produces exactly P * K * T tokens
+(checked). Also measured: the vLLM engine's start-up, its full-weight sync
 (the trainer's ``state_dict`` written to /dev/shm and reloaded in place, median of ``reps``), and with
 ``--train-step`` one whole ``atgrpo train`` step with each engine (L1, chat Plan-Path with direct tool answers,
 2 problems, K = 8, 64 new tokens, zero-variance groups kept so every step updates; the second of two steps:
@@ -18,7 +19,8 @@ import time
 
 import torch
 
-from .common import chat_prompt_texts, hf_policy, interleaved, machine, summarize, suppress_eos, write_report
+from .common import (bf16_rollout_view, chat_prompt_texts, hf_policy, interleaved, machine, summarize, suppress_eos,
+                     write_report)
 
 
 def bench_engines(engines: list[str], out_dir: str, name: str, command: str, model_path: str | None = None,
@@ -97,12 +99,7 @@ def bench_engines(engines: list[str], out_dir: str, name: str, command: str, mod
 def _native(policy, precision: str, prompt_ids, K: int, T: int, gen, counts: dict, key: str):
     """The native tree sampler: on the float32 policy, or on its bfloat16 rollout copy (what a
     ``model.precision=bfloat16`` run samples from; sampling only, the trainer's log-probs are the update's)."""
-    sampler = policy
-    if precision == "bfloat16":
-        from ..policies.rollout_copy import RolloutCopies
-        from .common import autocast_twin
-
-        sampler = RolloutCopies({policy.policy_id: autocast_twin(policy)}).views[policy.policy_id].sampler
+    sampler = bf16_rollout_view(policy).sampler if precision == "bfloat16" else policy
 
     def native():
         hook = suppress_eos(sampler.model, policy.eos_id)

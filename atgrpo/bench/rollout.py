@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import (Shape, autocast_twin, bench_prompts, interleaved, machine, make_policy, matmul_peaks, mfu,
+from .common import (Shape, bench_prompts, bf16_rollout_view, interleaved, machine, make_policy, matmul_peaks, mfu,
                      peaks_note, percent, shape_dict, summarize, suppress_eos, write_report)
 
 
@@ -67,10 +67,7 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
         del methods["naive_loop"]
     gap, last = {}, {}
     if "bfloat16" in precisions:
-        from ..policies.rollout_copy import RolloutCopies
-
-        twin = autocast_twin(policy)
-        view = RolloutCopies({policy.policy_id: twin}).views[policy.policy_id]
+        view = bf16_rollout_view(policy)
 
         def tree_bf16_copy():
             last["out"] = view.generate(prompts, K, 1.0, T, gen)
@@ -80,7 +77,7 @@ def bench_rollout(shape: Shape, out_dir: str, name: str = "rollout", command: st
     try:
         times = interleaved(methods, shape.reps, shape.warmup)
         if last:
-            gap = copy_gap(twin, prompts, last["out"], shape.algo())
+            gap = copy_gap(view.policy, prompts, last["out"], shape.algo())
     finally:
         hook.remove()
     expect = P * K * T

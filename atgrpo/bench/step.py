@@ -9,8 +9,8 @@ temperature 1 with no top-k/top-p, run on the CPU in one precision, and have EOS
 has ``new_tokens`` tokens; checked on both sides). In float32 both are plain float32. In bfloat16 (``precision``)
 both keep float32 master weights and compute in bfloat16: TRL with ``bf16=True`` (autocast), atgrpo as a
 ``model.precision=bfloat16`` run does (rollout from a bfloat16 copy refreshed after the update, the trainer's
-log-probs taken in the update, the loss under autocast). TRL runs with gradient checkpointing off (its default is on,
-which would slow it down), no reference model (``beta=0``), no vLLM (transformers ``generate``).
+log-probs taken in the update, the loss under autocast). TRL runs with gradient checkpointing off (its default
+is on, which would slow it down), no reference model (``beta=0``), no vLLM (transformers ``generate``).
 
 The two are interleaved in one process: a TRL callback times each TRL step (``on_step_begin`` to
 ``on_step_end``, which spans generation, scoring, loss, backward and the optimizer step) and then runs and times

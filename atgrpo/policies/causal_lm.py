@@ -49,8 +49,9 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None)
     """One token per row of ``probs  # (A, V)`` (rows need not sum to 1), drawn by inverting the cumulative
     distribution: one uniform number per row, found in the row's running sum (float64, so that a token of
     probability 1e-12 keeps an interval of its own size). ``torch.multinomial`` draws V exponential numbers per
-    row instead: on a 49k-token vocabulary that took 54 ms per decoding step of 64 rows on one CPU thread, against
-    7 ms here. A token of probability 0 is never drawn (its interval is empty)."""
+    row instead: on a 49k-token vocabulary that took 55 ms per decoding step of 64 rows on one CPU thread, against
+    26 ms here (``python benchmarks/sample_tokens_cost.py``). A token of probability 0 is never drawn (its
+    interval is empty)."""
     cdf = probs.double().cumsum(-1)
     u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
     tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)

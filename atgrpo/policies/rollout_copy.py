@@ -64,7 +64,7 @@ class CopyPolicy(RescoredView):
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
-        return self.rescore(self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator), temperature)
+        return self.mark_owed(self.sampler.generate(prompt_ids, n, temperature, max_new_tokens, generator), temperature)
 
 
 class RolloutCopies:

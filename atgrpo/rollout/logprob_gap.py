@@ -46,7 +46,7 @@ class LogprobGap:
 
 class RescoredView:
     """The base of a rollout view that samples elsewhere (a ``protocol.Policy``): prompts are rendered, encoded and
-    decoded by the trainer's ``policy`` (its other attributes too: tokenizer, eos_id ...), and ``rescore`` marks
+    decoded by the trainer's ``policy`` (its other attributes too: tokenizer, eos_id ...), and ``mark_owed`` marks
     what was sampled as owed the trainer's log-probs. Subclasses define ``generate``."""
 
     def __init__(self, policy: TrainablePolicy):
@@ -66,7 +66,7 @@ class RescoredView:
         return self.policy.decode(ids)
 
     @staticmethod
-    def rescore(comps: list[list[Completion]], temperature: float) -> list[list[Completion]]:
+    def mark_owed(comps: list[list[Completion]], temperature: float) -> list[list[Completion]]:
         """``comps``, sampled ones (``temperature > 0``; greedy has no log-probs) marked as owed the trainer's
         log-probs, which the update takes (``trainer.update.take_trainer_logprobs``)."""
         if temperature > 0:

@@ -245,4 +245,4 @@ class EnginePolicy(RescoredView):
                                     None if self.adapter is None else [self.adapter] * len(prompt_ids))
         comps = [[Completion(list(ids), list(lps), self.policy.decode(ids), fin) for ids, lps, fin in row]
                  for row in rows]
-        return self.rescore(comps, temperature)
+        return self.mark_owed(comps, temperature)
