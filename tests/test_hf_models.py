@@ -8,6 +8,7 @@ tokenizer and chat template built offline (the ``model.kind=hf`` path). SmolLM2-
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import pytest
@@ -278,6 +279,31 @@ def test_gguf_conversion_is_cached_and_replaced_when_the_file_changes(tmp_path, 
     gguf.write_bytes(b"GGUF v2, another file")
     hfmod.converted_dir(str(gguf), str(cache))
     assert len(calls) == 4 and not [f for f in os.listdir(cache.parent) if f.startswith(".tmp")]
+
+
+def test_a_conversion_finished_by_another_process_meanwhile_is_kept(tmp_path, hf_dir, monkeypatch):
+    """Two runs started together both convert; the second to finish must not delete the first one's copy, which
+    its own run may be loading from already (it did: 'Repo id must be in the form ...')."""
+    import transformers
+
+    real_model, real_tok = transformers.AutoModelForCausalLM.from_pretrained, transformers.AutoTokenizer.from_pretrained
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    cache = tmp_path / "cache" / "m"
+
+    def other_process_finishes_first(path, gguf_file=None, **kw):
+        model = real_model(hf_dir, **kw)
+        os.makedirs(cache)
+        with open(cache / hfmod.SOURCE_FILE, "w") as f:
+            json.dump(hfmod._source_key(str(gguf)), f)
+        (cache / "theirs").write_text("in use")
+        return model
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", other_process_finishes_first)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, gguf_file=None, **kw: real_tok(hf_dir))
+    assert hfmod.converted_dir(str(gguf), str(cache)) == str(cache)
+    assert (cache / "theirs").read_text() == "in use"
+    assert not [f for f in os.listdir(cache.parent) if f.startswith(".tmp")]
 
 
 # ---- SmolLM2-135M -----------------------------------------------------------------------------------------

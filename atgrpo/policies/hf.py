@@ -148,11 +148,8 @@ def converted_dir(gguf_path: str, cache_dir: str | None = None) -> str:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         stem = os.path.splitext(os.path.basename(gguf_path))[0]
         cache_dir = os.path.join(cache_root(), "gguf", f"{stem}-{digest}")
-    marker = os.path.join(cache_dir, SOURCE_FILE)
-    if os.path.isfile(marker):
-        with open(marker) as f:
-            if {k: v for k, v in json.load(f).items() if k in key} == key:
-                return cache_dir
+    if _holds(cache_dir, key):
+        return cache_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"atgrpo: converting {gguf_path} to a transformers model in {cache_dir} (once; about a minute on "
@@ -169,20 +166,32 @@ def converted_dir(gguf_path: str, cache_dir: str | None = None) -> str:
         tok.save_pretrained(tmp)
         with open(os.path.join(tmp, SOURCE_FILE), "w") as f:
             json.dump({**key, "converted_by": "atgrpo"}, f, indent=1)
+        if _holds(cache_dir, key):  # another process finished the same conversion meanwhile: it may be
+            shutil.rmtree(tmp, ignore_errors=True)  # loading from it already, so keep its copy
+            return cache_dir
         if os.path.exists(cache_dir):  # an old or partial conversion: move it aside, then replace it
             old = tmp + "-old"
             os.rename(cache_dir, old)
             shutil.rmtree(old, ignore_errors=True)
         try:
             os.rename(tmp, cache_dir)
-        except OSError:  # another process finished the same conversion first: keep its copy
-            if not os.path.isfile(marker):
+        except OSError:  # another process won the race between the check above and the rename
+            if not _holds(cache_dir, key):
                 raise
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return cache_dir
+
+
+def _holds(cache_dir: str, key: dict[str, Any]) -> bool:
+    """Whether ``cache_dir`` holds a finished conversion of the GGUF file that ``key`` describes."""
+    marker = os.path.join(cache_dir, SOURCE_FILE)
+    if not os.path.isfile(marker):
+        return False
+    with open(marker) as f:
+        return {k: v for k, v in json.load(f).items() if k in key} == key
 
 
 def _drop_gguf_quantizer(model) -> None:
