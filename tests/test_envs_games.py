@@ -287,3 +287,24 @@ def test_plan_expert_uses_a_solving_tool_proposal():
     detour = "UD" + best if pp.simulate(pp.pos, list("UD" + best))[2]["reached"] else best
     pp.step(detour)
     assert pp.expert_action("plan") == detour
+
+
+def test_plan_path_min_moves_puts_the_goal_that_far_and_leaves_the_default_grids_alone():
+    """``min_moves``: every start is at least that many BFS moves from its goal; without it the grids are the ones
+    drawn before the option existed (same seed, same grid), so earlier results stay reproducible."""
+    from atgrpo.envs import PlanPathEnv
+    from atgrpo.envs.plan_path import bfs_path, generate_grid
+    import random
+
+    far = PlanPathEnv(size=7, wall_prob=0.3, min_moves=8, split="eval")
+    lengths = []
+    for seed in range(40):
+        far.reset(seed)
+        lengths.append(len(bfs_path(far.size, far.walls, far.start, far.goal)))
+    assert min(lengths) >= 8
+    near = [len(bfs_path(7, *generate_grid(random.Random(s), 7, 0.3))) for s in range(40)]
+    assert min(near) < 8  # the option changes something: without it near goals occur
+    assert [generate_grid(random.Random(s), 7, 0.3) for s in range(5)] == \
+        [generate_grid(random.Random(s), 7, 0.3, min_moves=1) for s in range(5)]
+    with pytest.raises(ValueError, match="min_moves"):
+        PlanPathEnv(size=5, min_moves=9)

@@ -60,15 +60,18 @@ def bfs_path(size: int, walls: frozenset[Pos], start: Pos, goal: Pos) -> str | N
     return None
 
 
-def generate_grid(rng: random.Random, size: int, wall_prob: float) -> tuple[frozenset[Pos], Pos, Pos]:
-    """Random walls with probability ``wall_prob``; distinct start and goal, reachable from each other."""
+def generate_grid(rng: random.Random, size: int, wall_prob: float, min_moves: int = 1
+                  ) -> tuple[frozenset[Pos], Pos, Pos]:
+    """Random walls with probability ``wall_prob``; distinct start and goal, reachable from each other in no
+    fewer than ``min_moves`` moves (a near goal is reached by a fixed answer, a walk that ignores the grid)."""
     while True:
         walls = frozenset((r, c) for r in range(size) for c in range(size) if rng.random() < wall_prob)
         free = [(r, c) for r in range(size) for c in range(size) if (r, c) not in walls]
         if len(free) < 2:
             continue
         start, goal = rng.sample(free, 2)
-        if bfs_path(size, walls, start, goal) is not None:
+        path = bfs_path(size, walls, start, goal)
+        if path is not None and len(path) >= min_moves:
             return walls, start, goal
 
 
@@ -89,21 +92,25 @@ class PlanPathEnv(ProposeExecuteGame):
 
     def __init__(self, size: int = 10, wall_prob: float = 0.22, max_turns: int = 4, style: str = "compact",
                  split: str = "train", roles: tuple[str, ...] | None = None, max_moves: int | None = None,
-                 tool_mode: str | None = None, timeout: float = DEFAULT_TIMEOUT):
+                 tool_mode: str | None = None, timeout: float = DEFAULT_TIMEOUT, min_moves: int = 1):
         """``tool_mode``: ``code`` | ``direct`` (default: code for chat, direct for compact); ``timeout``:
-        seconds per tool program."""
+        seconds per tool program; ``min_moves``: the fewest moves from start to goal."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size < 2 or not 0.0 <= wall_prob < 0.6:
             raise ValueError(f"plan_path needs size >= 2 and 0 <= wall_prob < 0.6, got {size}, {wall_prob}")
-        self.size, self.wall_prob, self.split = size, wall_prob, split
+        if not 1 <= min_moves <= 2 * (size - 1):
+            raise ValueError(f"plan_path needs 1 <= min_moves <= {2 * (size - 1)} (the farthest corners of a "
+                             f"{size}x{size} grid), got {min_moves}")
+        self.size, self.wall_prob, self.split, self.min_moves = size, wall_prob, split, min_moves
         self.max_moves = max_moves or 2 * size * size
         self._setup_tool(tool_mode, timeout, style)
 
     # ---- episode --------------------------------------------------------------------------------------
     def _reset(self, seed: int) -> None:
         self.walls, self.start, self.goal = splits.draw(
-            lambda rng: generate_grid(rng, self.size, self.wall_prob), self.fingerprint_of,
-            f"plan_path:{self.size}:{self.wall_prob}", seed, self.split)
+            lambda rng: generate_grid(rng, self.size, self.wall_prob, self.min_moves), self.fingerprint_of,
+            f"plan_path:{self.size}:{self.wall_prob}" + (f":{self.min_moves}" if self.min_moves > 1 else ""),
+            seed, self.split)
         self.pos = self.start
         self.problem_id = f"plan_path/{self.split}/{seed}"
         self.proposal: tuple[str, Pos, bool] | None = None  # the tool's latest (moves, simulated end, reached)
