@@ -198,3 +198,39 @@ def test_the_table_is_rewritten_after_each_cell(tmp_path, monkeypatch):
     failed = rc.run_plan(rows, out, str(tmp_path / "runs"), [], str(ROOT), say=lambda line: None)
     assert [f["cell"] for f in failed] == ["math/mas_L1/seed8"]
     assert list(seen[1]["table"]["math"]["mas_L1"]["seeds"]) == ["7"]
+
+
+def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_rerun_afresh(tmp_path, monkeypatch):
+    """Changing a task's settings retires its finished cells: they are marked stale, the table leaves them out,
+    and running the cell again starts a new run directory (the old one is moved aside, not resumed)."""
+    import shutil
+
+    import atgrpo.trainer.run as trainer_run
+    from atgrpo.bench.real_cells import config_digest, current_cells, plan, plan_lines, run_cell
+    from atgrpo.bench.real_report import write_report
+
+    root = tmp_path / "root"
+    shutil.copytree(ROOT / "configs/real/table", root / "configs/real/table")
+    out, runs, cell = str(tmp_path / "out"), str(tmp_path / "runs"), rt.Cell("math", "mas_L1", 0)
+    result = json.loads((ROOT / "docs/results/real/cells/math/mas_L1/seed0.json").read_text())
+    result["config_sha"] = config_digest("math", "mas_L1", str(root))
+    os.makedirs(os.path.dirname(cell_file(out, cell)))
+    Path(cell_file(out, cell)).write_text(json.dumps(result))
+    config = root / "configs/real/table/math_mas_L1.yaml"
+    config.write_text(config.read_text() + "# a comment changes nothing\n")
+    assert plan([cell], out, [], str(root))[0]["done"]
+    config.write_text(config.read_text().replace("steps: 12", "steps: 11"))
+    row = plan([cell], out, [], str(root))[0]
+    assert (row["done"], row["stale"]) == (False, True) and " stale " in plan_lines([row])[0]
+    assert current_cells(out, str(root)) == ([], ["math/mas_L1/seed0"])
+    write_report(*current_cells(out, str(root)), str(tmp_path / "table"))
+    table = json.loads((tmp_path / "table/table.json").read_text())
+    assert table["stale"] == ["math/mas_L1/seed0"] and table["table"]["math"]["mas_L1"]["n"] == 0
+    assert "Stale" in (tmp_path / "table/table.md").read_text()
+    old_run = Path(runs, "math", "mas_L1", "seed0")
+    os.makedirs(old_run / "checkpoint")
+    seen = []
+    monkeypatch.setattr(trainer_run, "train", lambda cfg, d, **k: seen.append(os.path.isdir(d)) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        run_cell(cell, out, runs, [], str(root))
+    assert seen == [False] and [p.name.split("-")[0] for p in old_run.parent.iterdir()] == ["seed0.stale"]

@@ -1,7 +1,8 @@
 """Running the real-model table's cells one after the other, each result saved as soon as its cell finishes.
 
 A cell's result is ``<out>/cells/<task>/<row>/seed<k>.json`` (written atomically); a cell whose file exists is
-skipped, so the table can be filled over several invocations. A cell's run directory is
+skipped, so the table can be filled over several invocations, unless its config file changed since (the file
+records the config's digest): such a cell is *stale*, left out of the table and run again from scratch. A cell's run directory is
 ``<runs>/<task>/<row>/seed<k>/``: a cell stopped part-way (Ctrl-C, a crash) resumes from its last checkpoint the
 next time. After a cell's file is written its run's ``checkpoint/`` is removed (the weights are 0.5 GB per
 model) unless ``keep_checkpoints``; metrics, transcripts and summary stay.
@@ -9,6 +10,7 @@ model) unless ``keep_checkpoints``; metrics, transcripts and summary stay.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -37,6 +39,32 @@ def finished_cells(out: str) -> list[dict[str, Any]]:
                 with open(os.path.join(dirpath, name)) as f:
                     found.append(json.load(f))
     return found
+
+
+def config_digest(task: str, row: str, root: str = ".") -> str:
+    """The digest of an RL row's config (its content, not its comments): a cell's result holds for the config it
+    ran with."""
+    import yaml
+
+    with open(config_path(task, row, root)) as f:
+        content = json.dumps(yaml.safe_load(f), sort_keys=True)
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
+def is_current(result: dict[str, Any], root: str = ".") -> bool:
+    """Whether a cell's result was run with its config file as it is now."""
+    return result.get("config_sha") == config_digest(result["task"], result["row"], root)
+
+
+def current_cells(out: str, root: str = ".") -> tuple[list[dict[str, Any]], list[str]]:
+    """The finished cells run with today's configs, and the names of the stale ones (config changed since)."""
+    current, stale = [], []
+    for r in finished_cells(out):
+        if is_current(r, root):
+            current.append(r)
+        else:
+            stale.append(f"{r['task']}/{r['row']}/seed{r['seed']}")
+    return current, stale
 
 
 def cell_config(cell: Cell, extra: list[str], root: str = "."):
@@ -98,6 +126,9 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
 
     cfg = cell_config(cell, extra, root)
     directory = run_dir(runs, cell)
+    old = cell_file(out, cell)
+    if os.path.exists(old) and os.path.isdir(directory):  # stale: its run must not be resumed with a new config
+        os.rename(directory, f"{directory}.stale-{time.strftime('%Y%m%d%H%M%S')}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     start, before = time.time(), earlier_seconds(directory)
     try:
@@ -110,7 +141,8 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
     wall = before + time.time() - start
     evals, samples = evals_of(directory, summary)
     result = {"task": cell.task, "row": cell.row, "seed": cell.seed,
-              "config": os.path.relpath(config_path(cell.task, cell.row, root), root), "extra_overrides": extra,
+              "config": os.path.relpath(config_path(cell.task, cell.row, root), root),
+              "config_sha": config_digest(cell.task, cell.row, root), "extra_overrides": extra,
               "eval_problems": cfg.eval.problems, "evals": evals, "start": evals[0][1],
               "end": summary["eval_after"]["success_rate"],
               "steps": summary["steps"], "samples": samples, "precision": run_precision(directory),
@@ -127,14 +159,15 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
 
 
 def plan(cells: list[Cell], out: str, extra: list[str], root: str = ".") -> list[dict[str, Any]]:
-    """Each selected cell with its state (``done`` when its file exists) and estimated seconds (measured or the
-    cost model; ``atgrpo/bench/real_estimate.py``)."""
-    finished = finished_cells(out)
+    """Each selected cell with its state (``done`` when its file exists and its config is unchanged, ``stale``
+    when the config changed since) and estimated seconds (measured or the cost model;
+    ``atgrpo/bench/real_estimate.py``)."""
+    finished, stale = current_cells(out, root)
     rows = []
     for cell in cells:
         seconds, source = estimate(cell.task, cell.row, cell_config(cell, extra, root), finished)
-        rows.append({"cell": cell, "done": os.path.exists(cell_file(out, cell)), "seconds": seconds,
-                     "source": source})
+        rows.append({"cell": cell, "done": os.path.exists(cell_file(out, cell)) and cell.name not in stale,
+                     "stale": cell.name in stale, "seconds": seconds, "source": source})
     return rows
 
 
@@ -146,7 +179,7 @@ def plan_lines(rows: list[dict[str, Any]]) -> list[str]:
     totals."""
     lines = []
     for r in rows:
-        state = "done" if r["done"] else "todo"
+        state = "done" if r["done"] else "stale" if r.get("stale") else "todo"
         over = "  OVER the 30 min budget" if r["seconds"] > BUDGET_S else ""
         lines.append(f"{r['cell'].name:28s} {state}  ~{r['seconds'] / 60:5.1f} min ({r['source']}){over}")
     todo = [r for r in rows if not r["done"]]
@@ -171,7 +204,7 @@ def run_plan(rows: list[dict[str, Any]], out: str, runs: str, extra: list[str], 
         try:
             result = run_cell(cell, out, runs, extra, root, progress, keep_checkpoints)
             what = f"{result['start']:.3f} -> {result['end']:.3f} in {result['wall_seconds'] / 60:.1f} min"
-            write_report(finished_cells(out), out)
+            write_report(*current_cells(out, root), out)
         except Exception as e:  # one failed cell must not stop the others; it stays todo for the next run
             failed.append({"cell": cell.name, "error": f"{type(e).__name__}: {e}"})
             what = f"FAILED: {failed[-1]['error']}"

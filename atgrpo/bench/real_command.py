@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .real_cells import finished_cells, plan, plan_lines, run_plan
+from .real_cells import current_cells, plan, plan_lines, run_plan
 from .real_report import write_report
 from .real_table import select
 
@@ -50,6 +50,6 @@ def run_real_table(out: str = DEFAULT_OUT, runs: str = DEFAULT_RUNS, tasks: list
         if not dry_run:
             result["failed"] = run_plan(result["plan"], out, runs, extra, root, say, progress, keep_checkpoints)
     if not dry_run:
-        result["table"] = write_report(finished_cells(out), out)
+        result["table"] = write_report(*current_cells(out, root), out)
         say(f"written: {out}/table.json, {out}/table.md")
     return result

@@ -17,9 +17,10 @@ from .real_table import NO_RL_SOURCE, ROW_TITLES, ROWS, TASKS, select
 COMMAND = "atgrpo bench real-table"
 
 
-def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None) -> dict[str, Any]:
-    """table.json's content from the finished cells' results (``real_cells.finished_cells``); ``missing``: the
-    cells of the full table at ``seeds`` (default 0 and 1) without a result."""
+def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None, stale: list[str] = ()) -> dict[str, Any]:
+    """table.json's content from the finished cells' results (``real_cells.current_cells``); ``missing``: the
+    cells of the full table at ``seeds`` (default 0 and 1) without a result; ``stale``: cells whose result was
+    run with an earlier config (left out of the table)."""
     by_key = {(c["task"], c["row"], c["seed"]): c for c in cells}
     table: dict[str, dict[str, Any]] = {}
     for task in TASKS:
@@ -41,7 +42,7 @@ def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None) -> dic
                                 "std": statistics.pstdev(vals) if vals else None}
     missing = [c.name for c in select(None, None, seeds) if (c.task, c.row, c.seed) not in by_key]
     return {"command": COMMAND, "model": "SmolLM2-135M-Instruct (model.preset=smollm2-135m)",
-            "tasks": list(TASKS), "rows": list(ROWS), "table": table, "missing": missing,
+            "tasks": list(TASKS), "rows": list(ROWS), "table": table, "missing": missing, "stale": list(stale),
             "wall_seconds_total": sum(c["wall_seconds"] for c in cells)}
 
 
@@ -64,12 +65,16 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"| {t}/{r}/seed{s} | {p} | {cpu} | {w / 60:.1f} min |" for t, r, s, p, cpu, w in cells]
     if data["missing"]:
         lines += ["", f"Not run yet ({len(data['missing'])} cells): " + ", ".join(data["missing"])]
+    if data.get("stale"):
+        lines += ["", f"Stale, run with an earlier config and left out ({len(data['stale'])} cells): "
+                  + ", ".join(data["stale"])]
     return "\n".join(lines) + "\n"
 
 
-def write_report(cells: list[dict[str, Any]], directory: str, seeds: list[int] | None = None) -> dict[str, Any]:
+def write_report(cells: list[dict[str, Any]], stale: list[str], directory: str, seeds: list[int] | None = None
+                 ) -> dict[str, Any]:
     """Write ``table.json`` and ``table.md`` into ``directory``; returns the table."""
-    data = assemble(cells, seeds)
+    data = assemble(cells, seeds, stale)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "table.json"), "w") as f:
         json.dump(data, f, indent=1)
