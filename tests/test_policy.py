@@ -360,3 +360,24 @@ def test_sample_tokens_draws_each_row_from_its_own_distribution():
     assert 0 < int((draws[:, 1] == 0).sum()) < 60  # the 1e-3 token appears about 20 times in 20000
     again = [sample_tokens(probs, torch.Generator().manual_seed(5)) for _ in range(2)]
     assert torch.equal(again[0], again[1])
+
+
+def test_sample_tokens_across_blocks_matches_the_distribution_and_never_draws_a_zero():
+    """The two-level draw over a vocabulary of several blocks (600 tokens: blocks of 256, the last one padded):
+    mass in three blocks, zeros at block edges, a row whose whole mass is one token."""
+    from atgrpo.policies.causal_lm import SAMPLE_BLOCK, sample_tokens
+
+    probs = torch.zeros(2, 600)
+    picks = {10: 1.0, 254: 2.0, SAMPLE_BLOCK: 1.0, 2 * SAMPLE_BLOCK - 1: 3.0, 599: 1.0}  # 255, 256+... are zero
+    for t, w in picks.items():
+        probs[0, t] = w
+    probs[1, 300] = 0.7
+    g = torch.Generator().manual_seed(11)
+    N = 20000
+    draws = torch.stack([sample_tokens(probs, g) for _ in range(N)])
+    assert set(draws[:, 1].tolist()) == {300}
+    freq = torch.bincount(draws[:, 0], minlength=600).double() / N
+    assert set(torch.nonzero(freq).squeeze(1).tolist()) == set(picks)
+    for t, w in picks.items():
+        p = w / sum(picks.values())
+        assert abs(freq[t].item() - p) <= 4.5 * (p * (1 - p) / N) ** 0.5, (t, freq[t].item(), p)

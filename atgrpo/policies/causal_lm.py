@@ -45,17 +45,28 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return (torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)).view(targets.shape)
 
 
+SAMPLE_BLOCK = 256  # tokens per block of the two-level inverse CDF in ``sample_tokens``
+
+
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of ``probs  # (A, V)`` (rows need not sum to 1), drawn by inverting the cumulative
-    distribution: one uniform number per row, found in the row's running sum (float64, so that a token of
-    probability 1e-12 keeps an interval of its own size). ``torch.multinomial`` draws V exponential numbers per
-    row instead: on a 49k-token vocabulary that took 55 ms per decoding step of 64 rows on one CPU thread, against
-    26 ms here (``python benchmarks/sample_tokens_cost.py``). A token of probability 0 is never drawn (its
-    interval is empty)."""
-    cdf = probs.double().cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device)
-    tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
-    return tok.squeeze(1).clamp_(max=probs.shape[1] - 1)
+    distribution with one uniform number per row, in two levels: the row's blocks of ``SAMPLE_BLOCK`` tokens by
+    their summed mass, then the token inside the chosen block; sums and running sums in float64, so that a token
+    of probability 1e-12 keeps an interval of its own size. A token of probability 0 is never drawn (its
+    interval is empty). ``torch.multinomial`` draws V exponential numbers per row instead, and a one-level running
+    sum writes V float64 numbers per row: on SmolLM2's 49k-token vocabulary they cost 16-25x the two levels per
+    decoding step of 64 rows (``python benchmarks/sample_tokens_cost.py``; docs/performance.md)."""
+    A, V = probs.shape
+    pad = (-V) % SAMPLE_BLOCK
+    blocks = (F.pad(probs, (0, pad)) if pad else probs).view(A, -1, SAMPLE_BLOCK)  # (A, nb, S)
+    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (A, nb)
+    u = torch.rand((A, 1), generator=generator, dtype=torch.float64, device=probs.device) * block_cdf[:, -1:]
+    b = torch.searchsorted(block_cdf, u, right=True).clamp_(max=block_cdf.shape[1] - 1)  # (A, 1)
+    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(u))
+    inner = blocks.gather(1, b[:, :, None].expand(-1, -1, SAMPLE_BLOCK)).squeeze(1).double().cumsum(-1)  # (A, S)
+    last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last token of positive probability
+    t = torch.minimum(torch.searchsorted(inner, u - before, right=True), last)  # rounding may not pass it
+    return (b * SAMPLE_BLOCK + t).squeeze(1)
 
 
 @dataclass
