@@ -97,6 +97,7 @@ def test_cells_are_saved_with_their_measurements(tiny_table):
     assert cell["extra_overrides"] == TINY and cell["config"] == "configs/real/table/math_mas_L1.yaml"
     assert cell["evals"][0][0] == 0 and cell["evals"][-1] == [1, cell["end"]] and cell["start"] == cell["evals"][0][1]
     assert cell["precision"] == "float32" and cell["cpu"] and cell["wall_seconds"] > 0 and cell["samples"] > 0
+    assert cell["peak_rss_gb"] > 0.1  # the tiny model's run: torch and transformers alone take more
     assert not os.path.exists(os.path.join(tiny_table["runs"], "math", "mas_L1", "seed0", "checkpoint"))
     progress = [ln for ln in tiny_table["lines"] if ln.startswith("[2/2]") and "left" in ln]
     assert progress and "elapsed" in progress[0]
@@ -234,3 +235,16 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
     with pytest.raises(ZeroDivisionError):
         run_cell(cell, out, runs, [], str(root))
     assert seen == [False] and [p.name.split("-")[0] for p in old_run.parent.iterdir()] == ["seed0.stale"]
+
+
+def test_each_cell_counts_its_own_peak_memory():
+    """The peak-RSS count restarts with each cell: a peak reached before the reset is not the next cell's."""
+    from atgrpo.bench.real_cells import peak_rss_gb, reset_peak_rss
+
+    if peak_rss_gb() is None:
+        pytest.skip("no /proc/self/status here")
+    block = b"\x01" * (400 * 2 ** 20)
+    high = peak_rss_gb()
+    del block
+    reset_peak_rss()
+    assert high - peak_rss_gb() > 0.3

@@ -105,6 +105,25 @@ def evals_of(directory: str, summary: dict[str, Any]) -> tuple[list[list[float]]
     return evals, int(samples)
 
 
+def reset_peak_rss() -> None:
+    """Start this process's peak-RSS count afresh (Linux: ``clear_refs`` 5), so each cell's peak is its own."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_gb() -> float | None:
+    """This process's peak resident memory (``VmHWM``) in GB since the last ``reset_peak_rss``; None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return round(kb / 1024 ** 2, 2)
+
+
 WALL_FILE = "cell_wall.json"  # in a run directory: seconds spent in earlier, interrupted attempts at the cell
 
 
@@ -131,6 +150,7 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
         os.rename(directory, f"{directory}.stale-{time.strftime('%Y%m%d%H%M%S')}")
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     start, before = time.time(), earlier_seconds(directory)
+    reset_peak_rss()
     try:
         summary = train(cfg, directory, progress=progress, resume=os.path.isdir(directory))
     except BaseException:  # stopped part-way (a signal, a crash): keep the time spent for the resumed cell's total
@@ -147,7 +167,7 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
               "end": summary["eval_after"]["success_rate"],
               "steps": summary["steps"], "samples": samples, "precision": run_precision(directory),
               "cpu": cpu_model(), "threads": cfg.train.threads, "loadavg_1m_at_start": load,
-              "wall_seconds": wall, "warmstart_seconds": (summary.get("warmstart") or {}).get("seconds"),
+              "peak_rss_gb": peak_rss_gb(), "wall_seconds": wall, "warmstart_seconds": (summary.get("warmstart") or {}).get("seconds"),
               "resumed_from_step": summary.get("resumed_from_step"),
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = cell_file(out, cell)
