@@ -300,7 +300,8 @@ def test_a_conversion_finished_by_another_process_meanwhile_is_kept(tmp_path, hf
         return model
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", other_process_finishes_first)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, gguf_file=None, **kw: real_tok(hf_dir))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda path, gguf_file=None, **kw: real_tok(hf_dir))
     assert hfmod.converted_dir(str(gguf), str(cache)) == str(cache)
     assert (cache / "theirs").read_text() == "in use"
     assert not [f for f in os.listdir(cache.parent) if f.startswith(".tmp")]

@@ -2,10 +2,10 @@
 
 A cell's result is ``<out>/cells/<task>/<row>/seed<k>.json`` (written atomically); a cell whose file exists is
 skipped, so the table can be filled over several invocations, unless its config file changed since (the file
-records the config's digest): such a cell is *stale*, left out of the table and run again from scratch. A cell's run directory is
-``<runs>/<task>/<row>/seed<k>/``: a cell stopped part-way (Ctrl-C, a crash) resumes from its last checkpoint the
-next time. After a cell's file is written its run's ``checkpoint/`` is removed (the weights are 0.5 GB per
-model) unless ``keep_checkpoints``; metrics, transcripts and summary stay.
+records the config's digest): such a cell is *stale*, left out of the table and run again from scratch. A cell's
+run directory is ``<runs>/<task>/<row>/seed<k>/``: a cell stopped part-way (Ctrl-C, a crash) resumes from its last
+checkpoint the next time. After a cell's file is written its run's ``checkpoint/`` is removed (the weights are
+0.5 GB per model) unless ``keep_checkpoints``; metrics, transcripts and summary stay.
 """
 
 from __future__ import annotations
@@ -167,7 +167,8 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
               "end": summary["eval_after"]["success_rate"],
               "steps": summary["steps"], "samples": samples, "precision": run_precision(directory),
               "cpu": cpu_model(), "threads": cfg.train.threads, "loadavg_1m_at_start": load,
-              "peak_rss_gb": peak_rss_gb(), "wall_seconds": wall, "warmstart_seconds": (summary.get("warmstart") or {}).get("seconds"),
+              "peak_rss_gb": peak_rss_gb(), "wall_seconds": wall,
+              "warmstart_seconds": (summary.get("warmstart") or {}).get("seconds"),
               "resumed_from_step": summary.get("resumed_from_step"),
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     path = cell_file(out, cell)
