@@ -64,7 +64,7 @@ def test_a_disk_that_fills_mid_checkpoint_stops_in_one_line_and_loses_nothing(sm
     for name, data in seen.items():  # nothing lost: every file as it was (metrics.jsonl only grew)
         assert now[name][:len(data)] == data if name == "metrics.jsonl" else now[name] == data, name
     assert [r["step"] for r in run_rows(out)] == [1, 2]
-    assert sorted(os.listdir(os.path.join(out, "checkpoint"))) == ["step_1"]  # no .tmp-* left over
+    assert sorted(os.listdir(os.path.join(out, "checkpoint"))) == ["step_0", "step_1"]  # no .tmp-* left over
     state = build_state(load_config(None, ITEMS))
     ckpt, _ = ck.restore_newest_intact(out, state, warn=pytest.fail)
     assert ckpt.step == 1 and state.step == 1

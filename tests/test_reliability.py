@@ -103,6 +103,26 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_rows(tmp_path, fast
     assert sorted(left) == ["final", "step_3", "step_4"], left  # keep_checkpoints=2, no .tmp leftovers
 
 
+def test_a_crash_before_the_first_scheduled_checkpoint_resumes_without_a_second_warm_start(
+        tmp_path, fast_overrides, reference, monkeypatch):
+    import atgrpo.trainer.run as run_module
+    from fault_helpers import before_step
+
+    ref = reference()  # first: it warm-starts too
+    out, calls, real = str(tmp_path / "run"), [], run_module.warm_start
+    monkeypatch.setattr(run_module, "warm_start", lambda *a: calls.append(1) or real(*a))
+
+    def crash(state):
+        raise RuntimeError("the machine went away")
+    before_step(monkeypatch, 2, crash)  # step 1 ran; its checkpoint was not due (every 4)
+    assert main(["train", *fast_overrides, "train.steps=4", "train.checkpoint_every=4", "--out", out,
+                 "--quiet"]) == 1
+    assert sorted(os.listdir(os.path.join(out, "checkpoint"))) == ["step_0"]
+    assert main(["train", "--resume", out, "--quiet"]) == 0
+    assert len(calls) == 1  # the resume started from step_0: warm start and first evaluation kept
+    assert _rows(out) == _rows(ref)
+
+
 def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, fast_overrides):
     out = str(tmp_path / "run")
     proc = _cli(*fast_overrides, "train.steps=6", "train.checkpoint_every=5", "--out", out)

@@ -2,8 +2,9 @@
 
 Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/step_<N>.jsonl, eval_transcripts.jsonl (the
 latest held-out evaluation's episodes), report.html (``atgrpo.report``; both written at each held-out evaluation),
-tensorboard/, learning_curves.png, checkpoint/step_<N>/ (every ``train.checkpoint_every`` steps and at the end:
-what ``--resume`` continues from, see checkpoint.py), checkpoint/final/<policy>/ (transformers format), .lock.
+tensorboard/, learning_curves.png, checkpoint/step_<N>/ (step_0 after the warm start and the first evaluation,
+then every ``train.checkpoint_every`` steps and at the end: what ``--resume`` continues from, see
+checkpoint.py), checkpoint/final/<policy>/ (transformers format), .lock.
 
 Reliability: one run per directory (a lock held for the run's life); a resumed run continues from its last
 checkpoint and writes the same metrics rows as an uninterrupted one (everything random in a step comes from
@@ -220,8 +221,8 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
     run = opened
     try:
         _start_backend(run)
-        if cfg.system.backend == "ray" and run.saved is None:
-            run.checkpoint()  # step 0: what a recovery (or --resume) before the first scheduled one goes back to
+        if run.saved is None and cfg.train.steps > 0 and (cfg.system.backend == "ray" or cfg.train.checkpoint_every):
+            run.checkpoint()  # step 0: a recovery or --resume before the first scheduled one keeps the warm start
         _loop(run, stop)
         if run.saved != run.state.step:  # the end of the run (train.steps=0) or a stop before the next scheduled one
             run.checkpoint()
