@@ -82,12 +82,14 @@ TASKS: dict[str, list[str]] = {
                "warmstart.noise=0.3", "warmstart.lr=1.0e-3", "eval.problems=50", "eval.every=0",
                "train.steps=5", "train.checkpoint_every=1"],
     # coder + unit tester on the generated stdin/stdout problems (atgrpo/envs/code_templates.py; the expert's
-    # programs are up to 132 tokens, its tests 183)
+    # programs are up to 132 tokens, its tests 183). Warm start: 24 episodes at lr 1e-4 (4 optimizer steps) left
+    # the coder ignoring stdin (0/20 held-out), at lr 1e-3 the shared model's tester wrote programs instead of
+    # cases (1/20); 48 episodes at lr 1e-3 (9 steps) gave 3/20 with both roles in format (docs/results.md)
     "code": ["env.name=code", "env.kwargs={dataset: generated, max_turns: 2, timeout: 2.0}",
              "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
              "rollout.temperature=0.7", "rollout.max_new_tokens=200",
-             "rollout.per_agent={coder: {max_new_tokens: 160}}", "algo.lr=2.0e-5", "warmstart.episodes=24",
-             "warmstart.noise=0.3", "warmstart.lr=1.0e-4", "eval.problems=50", "eval.every=0", "train.steps=4",
+             "rollout.per_agent={coder: {max_new_tokens: 160}}", "algo.lr=2.0e-5", "warmstart.episodes=48",
+             "warmstart.noise=0.3", "warmstart.lr=1.0e-3", "eval.problems=50", "eval.every=0", "train.steps=4",
              "train.checkpoint_every=2"],
 }
 # The single agent's warm-start episodes and problems per step, as multiples of the team's: a team episode gives
