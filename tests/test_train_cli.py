@@ -67,6 +67,19 @@ def test_same_seed_same_metrics(tmp_path, fast_overrides):
     assert (a / "rollouts" / "step_2.jsonl").read_text() == (b / "rollouts" / "step_2.jsonl").read_text()
 
 
+def test_a_run_without_steps_evaluates_once_and_reports_that_evaluation_as_before_and_after(
+        tmp_path, fast_overrides, monkeypatch):
+    import atgrpo.trainer.run as run_module
+
+    calls, real = [], run_module.run_eval
+    monkeypatch.setattr(run_module, "run_eval", lambda *a: calls.append(1) or real(*a))
+    out = str(tmp_path / "run")
+    assert main(["train", *fast_overrides, "train.steps=0", "--out", out, "--quiet"]) == 0
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert len(calls) == 1 and summary["eval_after"] == summary["eval_before"]
+    assert os.path.exists(os.path.join(out, "eval_transcripts.jsonl"))
+
+
 def test_bad_override_is_a_clear_error(capsys):
     assert main(["train", "algo.aggregation=bogus"]) == 2
     err = capsys.readouterr().err

@@ -135,6 +135,7 @@ class Run:
     recoveries: list[Recovery] = field(default_factory=list)  # Ray: lost workers recovered from, this process
     failures: int = 0  # Ray: recoveries started (one whose rebuild lost a worker too counts), this process
     lost_s: float = 0.0  # seconds lost to recoveries since the last metrics row
+    before_episodes: list | None = None  # the first evaluation's episodes (fresh run): the last one if no step runs
 
     def checkpoint(self) -> str:
         self.state.backend.pull_state(self.state)  # Ray: the optimizer states live on the update workers
@@ -229,7 +230,10 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
         if stop.requested:
             raise TrainingInterrupted(run.state.step, os.path.join(run_dir, CHECKPOINT_DIR, f"step_{run.state.step}"),
                                       run_dir)
-        after, episodes = run_eval(run.state, cfg.seed)
+        if run.state.step == 0 and run.before_episodes is not None:  # train.steps=0: the policies evaluated before
+            after, episodes = run.before, run.before_episodes
+        else:
+            after, episodes = run_eval(run.state, cfg.seed)
         run.evals.append((cfg.train.steps, after["success_rate"]))
         run.logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
     finally:
@@ -298,7 +302,8 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     before, episodes = run_eval(state, cfg.seed)
     say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
     summary["eval_before"] = before
-    run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say)
+    run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say,
+              before_episodes=episodes)
     run.evaluated(0, episodes)
     return run
 
