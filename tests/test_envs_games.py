@@ -73,6 +73,18 @@ def test_sudoku_expert_solves(style):
         assert env.success and res.terminated and res.reward.team == 1.0
 
 
+def test_sudoku_chat_plan_expert_copies_a_solving_proposal_and_otherwise_fills():
+    env = SudokuEnv(style="chat", size=4, holes=6, tool_mode="code")
+    env.reset(3)
+    env.step(env.expert_action("tool"))
+    shown = env.observe("plan")[-1]["content"]
+    answer = env.expert_action("plan")
+    assert answer == slash(env.solution, 4).replace("/", "\n") and answer in shown  # copied as the prompt shows it
+    env.reset(3)
+    env.proposal = (slash(env.board, 4), "C")  # a proposal that does not solve: the fills, as before
+    assert env.expert_action("plan").startswith("[(")
+
+
 def test_sudoku_expert_repairs_wrong_fills():
     env = SudokuEnv(style="chat", roles=("plan",))
     env.reset(5)

@@ -310,10 +310,16 @@ class SudokuEnv(ProposeExecuteGame):
         self.board = new
 
     def expert_action(self, agent: str) -> str:
+        """The tool: the backtracking program (code mode) or the solved grid. The plan agent: in chat, the tool's
+        proposal as its prompt shows it (one row per line) when the proposal solves the puzzle (a teammate's
+        solution is used, not re-derived, as in Plan-Path and Sokoban), else the fills that complete the board;
+        in compact style the solved grid."""
         if agent == "tool" and self.tool_mode == "code":
             return self._wrap(self.expert_program())
         if self.style == "compact":
             return slash(self.solution, self.n)
+        if agent == "plan" and self.proposal is not None and self.proposal[1] == "S":
+            return self.proposal[0].replace("/", "\n")
         wrong = [i for i, v in enumerate(self.board) if v and v != self.solution[i]]
         todo = [i for i, v in enumerate(self.board) if v != self.solution[i]]
         fills = [(i, 0) for i in wrong] + [(i, self.solution[i]) for i in todo]
