@@ -201,6 +201,24 @@ def test_the_table_is_rewritten_after_each_cell(tmp_path, monkeypatch):
     assert list(seen[1]["table"]["math"]["mas_L1"]["seeds"]) == ["7"]
 
 
+def test_a_cell_killed_without_a_word_counts_its_time_up_to_its_newest_checkpoint(tmp_path):
+    from atgrpo.bench.real_cells import WALL_FILE, earlier_seconds
+
+    run, t0 = tmp_path / "seed0", 1_000_000.0
+    (run / "checkpoint" / "step_2").mkdir(parents=True)
+    for name, at in (("config.yaml", t0), ("checkpoint/step_2/progress.json", t0 + 1700),
+                     ("checkpoint/step_2/trainer_state.pt", t0 + 1700), ("checkpoint/step_2/manifest.json", t0 + 1740)):
+        (run / name).write_text("{}")
+        os.utime(run / name, (at, at))
+    assert earlier_seconds(str(tmp_path / "fresh")) == 0.0
+    assert earlier_seconds(str(run)) == 1740.0  # SIGKILLed after step 2: start to the checkpoint it kept
+    (run / WALL_FILE).write_text(json.dumps({"seconds": 600.0}))
+    os.utime(run / WALL_FILE, (t0 + 1800, t0 + 1800))  # that attempt saw its end and recorded itself
+    assert earlier_seconds(str(run)) == 600.0
+    os.utime(run / WALL_FILE, (t0 - 100, t0 - 100))  # an older attempt's record, then one killed: both count
+    assert earlier_seconds(str(run)) == 600.0 + 1740.0
+
+
 def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_rerun_afresh(tmp_path, monkeypatch):
     """Changing a task's settings retires its finished cells: they are marked stale, the table leaves them out,
     and running the cell again starts a new run directory (the old one is moved aside, not resumed)."""

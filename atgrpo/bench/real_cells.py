@@ -128,12 +128,30 @@ WALL_FILE = "cell_wall.json"  # in a run directory: seconds spent in earlier, in
 
 
 def earlier_seconds(directory: str) -> float:
-    """Seconds spent on the cell by earlier attempts that stopped part-way (0 for a fresh cell)."""
+    """Seconds spent on the cell by earlier attempts that stopped part-way (0 for a fresh cell): what the attempts
+    that saw their end (a signal, an exception) recorded in ``WALL_FILE``, plus, when the last attempt was killed
+    without a word (SIGKILL, the kernel's out-of-memory killer), the time from its start (``config.yaml``, which
+    every start rewrites) to its newest checkpoint: the work it kept, which the next attempt does not redo."""
+    from ..trainer.atomic_files import MANIFEST_FILE
+    from ..trainer.checkpoint import latest_checkpoint
+
+    def mtime(path: str) -> float | None:
+        try:
+            return os.path.getmtime(path)
+        except OSError:
+            return None
+
+    recorded, wall_file = 0.0, os.path.join(directory, WALL_FILE)
     try:
-        with open(os.path.join(directory, WALL_FILE)) as f:
-            return float(json.load(f)["seconds"])
+        with open(wall_file) as f:
+            recorded = float(json.load(f)["seconds"])
     except (OSError, ValueError, KeyError):
-        return 0.0
+        pass
+    started, ckpt = mtime(os.path.join(directory, "config.yaml")), latest_checkpoint(directory)
+    kept = mtime(os.path.join(ckpt.path, MANIFEST_FILE)) if ckpt else None
+    if started is not None and kept is not None and (mtime(wall_file) or 0.0) < started < kept:
+        recorded += kept - started  # the last attempt left no record: killed
+    return recorded
 
 
 def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".", progress: bool = False,
