@@ -98,6 +98,7 @@ def test_cells_are_saved_with_their_measurements(tiny_table):
     assert cell["evals"][0][0] == 0 and cell["evals"][-1] == [1, cell["end"]] and cell["start"] == cell["evals"][0][1]
     assert cell["precision"] == "float32" and cell["cpu"] and cell["wall_seconds"] > 0 and cell["samples"] > 0
     assert cell["peak_rss_gb"] > 0.1  # the tiny model's run: torch and transformers alone take more
+    assert [step for step, _ in cell["rollout_success"]] == [1] and 0 <= cell["rollout_success"][0][1] <= 1
     assert not os.path.exists(os.path.join(tiny_table["runs"], "math", "mas_L1", "seed0", "checkpoint"))
     progress = [ln for ln in tiny_table["lines"] if ln.startswith("[2/2]") and "left" in ln]
     assert progress and "elapsed" in progress[0]
@@ -113,6 +114,8 @@ def test_table_json_is_assembled_from_the_cell_files(tiny_table, tmp_path):
     assert math["mas_L3"]["n"] == 0 and "math/mas_L3/seed0" in table["missing"]
     assert "math/mas_L1/seed0" not in table["missing"]
     assert "| MAS (no RL) |" in Path(tiny_table["out"], "table.md").read_text()
+    assert math["mas_L1"]["seeds"]["0"]["rollout_success"] == cells[("mas_L1", 0)]["rollout_success"]
+    assert Path(tiny_table["out"], "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # --report-only: the same table from the cell files, nothing run
     again = run_real_table(tiny_table["out"], str(tmp_path / "none"), report_only=True, say=lambda _: None)
     assert again["table"] == table and not (tmp_path / "none").exists()

@@ -105,6 +105,14 @@ def evals_of(directory: str, summary: dict[str, Any]) -> tuple[list[list[float]]
     return evals, int(samples)
 
 
+def rollout_curve(directory: str) -> list[list[float]]:
+    """The tree rollouts' success at each step as ``[step, success]`` (the learning curve between the held-out
+    evaluations)."""
+    with open(os.path.join(directory, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [[r["step"], r["rollout/success_rate"]] for r in rows if "rollout/success_rate" in r]
+
+
 def reset_peak_rss() -> None:
     """Start this process's peak-RSS count afresh (Linux: ``clear_refs`` 5), so each cell's peak is its own."""
     try:
@@ -181,7 +189,8 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
     result = {"task": cell.task, "row": cell.row, "seed": cell.seed,
               "config": os.path.relpath(config_path(cell.task, cell.row, root), root),
               "config_sha": config_digest(cell.task, cell.row, root), "extra_overrides": extra,
-              "eval_problems": cfg.eval.problems, "evals": evals, "start": evals[0][1],
+              "eval_problems": cfg.eval.problems, "evals": evals, "rollout_success": rollout_curve(directory),
+              "start": evals[0][1],
               "end": summary["eval_after"]["success_rate"],
               "steps": summary["steps"], "samples": samples, "precision": run_precision(directory),
               "cpu": cpu_model(), "threads": cfg.train.threads, "loadavg_1m_at_start": load,

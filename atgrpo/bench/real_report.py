@@ -1,4 +1,5 @@
-"""The real-model table assembled from its cell files: ``table.json`` and ``table.md`` (nothing is run).
+"""The real-model table assembled from its cell files: ``table.json``, ``table.md`` and ``curves.png``
+(nothing is run).
 
 Per task and row: each seed's held-out success (an RL row: after RL; a no-RL row: its RL cell's evaluation
 before RL), that cell's start value, precision, CPU, wall time, held-out problems and sampled responses; the
@@ -32,7 +33,8 @@ def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None, stale:
                 if t == task and r == source:
                     per_seed[str(seed)] = {
                         "success": c["start"] if row in NO_RL_SOURCE else c["end"], "start": c["start"],
-                        "evals": c["evals"], "eval_problems": c["eval_problems"], "samples": c["samples"],
+                        "evals": c["evals"], "rollout_success": c.get("rollout_success"),
+                        "eval_problems": c["eval_problems"], "samples": c["samples"],
                         "precision": c["precision"], "cpu": c["cpu"], "wall_seconds": c["wall_seconds"],
                         "extra_overrides": c.get("extra_overrides", [])}
             vals = [s["success"] for s in per_seed.values()]
@@ -71,9 +73,40 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_curves(data: dict[str, Any], path: str) -> None:
+    """One panel per task: each RL cell's held-out success at its evaluations (solid, markers; step 0 is the
+    no-RL row's value) and its tree rollouts' success per step (dotted), colour by row, line style by seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = data["tasks"]
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.2), sharey=True)
+    colours = {"single_grpo": "tab:gray", "mas_L1": "tab:blue", "mas_L3": "tab:orange"}
+    for ax, task in zip(axes, tasks):
+        for row, colour in colours.items():
+            for i, (seed, cell) in enumerate(sorted(data["table"][task][row]["seeds"].items())):
+                label = ROW_TITLES[row] if i == 0 else None
+                ax.plot(*zip(*cell["evals"]), "o-", color=colour, alpha=1.0 if i == 0 else 0.6, label=label)
+                if cell.get("rollout_success"):
+                    ax.plot(*zip(*cell["rollout_success"]), ":", color=colour, alpha=0.6)
+        ax.set_title(task)
+        ax.set_xlabel("RL step")
+        ax.set_ylim(-0.03, 1.03)
+    axes[0].set_ylabel("success")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower left", ncol=3, fontsize=8)
+    fig.text(0.99, 0.02, "solid: held-out, greedy (step 0: before RL); dotted: tree rollouts; pale: seed 1+",
+             ha="right", fontsize=8)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
 def write_report(cells: list[dict[str, Any]], stale: list[str], directory: str, seeds: list[int] | None = None
                  ) -> dict[str, Any]:
-    """Write ``table.json`` and ``table.md`` into ``directory``; returns the table."""
+    """Write ``table.json``, ``table.md`` and ``curves.png`` into ``directory``; returns the table."""
     data = assemble(cells, seeds, stale)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, "table.json"), "w") as f:
@@ -81,4 +114,5 @@ def write_report(cells: list[dict[str, Any]], stale: list[str], directory: str, 
         f.write("\n")
     with open(os.path.join(directory, "table.md"), "w") as f:
         f.write(markdown(data))
+    plot_curves(data, os.path.join(directory, "curves.png"))
     return data
