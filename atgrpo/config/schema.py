@@ -136,6 +136,9 @@ class AlgoConfig:
     kl_coef: float = at_least(0.0, 0)
     kl_estimator: KLEstimator = "k3"
     lr: float = above(2e-4)
+    # optimizer steps over which the lr rises linearly to ``lr`` (per policy; 0: constant from the first step).
+    # AdamW's first step moves every weight by about lr whatever its gradient's size; long programs break under it
+    warmup_steps: int = at_least(0, 0, zero="constant lr")
     weight_decay: float = at_least(0.0, 0)
     grad_clip: float = above(1.0)
     minibatches: int = at_least(2, 1)  # optimizer steps per policy per train step (one PPO epoch)

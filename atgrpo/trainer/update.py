@@ -46,6 +46,20 @@ def make_optimizer(policy: TrainablePolicy, algo: AlgoConfig) -> torch.optim.Opt
     return torch.optim.AdamW(params, lr=algo.lr, weight_decay=algo.weight_decay, betas=(0.9, 0.999))
 
 
+def warmup_lr(lr: float, steps_done: int, warmup_steps: int) -> float:
+    """The learning rate of optimizer step ``steps_done + 1``: rising linearly, lr / W, 2 lr / W, ..., to ``lr``
+    at step W = ``warmup_steps`` and constant after (W = 0: constant)."""
+    return lr if warmup_steps <= 0 else lr * min(1.0, (steps_done + 1) / warmup_steps)
+
+
+def optimizer_steps_done(optimizer: torch.optim.Optimizer) -> int:
+    """The optimizer steps taken so far, from AdamW's own per-parameter count (so it survives a checkpoint)."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            return int(state["step"])
+    return 0
+
+
 def _fill_least_loaded(groups: list[list[Sample]], n: int, weight: Callable[[list[Sample]], int]
                        ) -> list[list[Sample]]:
     """``n`` bins filled with ``groups`` in the order given, each group whole into the bin of least ``weight``
@@ -255,6 +269,9 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
             optimizer.zero_grad(set_to_none=True)
             stats.skipped_nonfinite += 1
             continue
+        if algo.warmup_steps:
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_lr(algo.lr, optimizer_steps_done(optimizer), algo.warmup_steps)
         optimizer.step()
         stats.optimizer_steps += 1
         stats.grad_norm = max(stats.grad_norm, grad_norm)
