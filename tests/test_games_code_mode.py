@@ -280,3 +280,19 @@ def test_chat_code_configs_are_the_bench_settings(game):
     with open(os.path.join(ROOT, "configs", f"{game}_chat_code.yaml")) as f:
         cfg = yaml.safe_load(f)
     assert cfg["env"] == {"name": game, "style": "chat", "kwargs": GAMES[game]}
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_plan_answering_with_a_program_is_a_format_error_that_moves_nothing(game):
+    """The plan's answer is an action: a python block (here the expert's own program, whose text holds the grid
+    a parser could read as a no-op answer) scores the format penalty and leaves the real state as it was; the
+    same answer typed without the program is executed."""
+    env = _env(game, seed=1)
+    env.step(_fenced(env.expert_program()))  # the tool's turn: a solving proposal
+    before = env.clone()
+    res = env.step(_fenced(env.expert_program()))
+    assert res.reward.local == FORMAT_PENALTY and res.reward.team == 0.0
+    assert res.info["plan_wrote_program"] and not env.success
+    typed = before.step(before.expert_action("plan"))
+    assert typed.reward.team == 1.0 and before.success
+    assert programs.has_python_block("```py\nprint(1)") and not programs.has_python_block("```\n1234/3412\n```")

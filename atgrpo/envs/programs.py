@@ -37,6 +37,7 @@ CACHE_SIZE = 8192
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 _OPEN_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*)\Z", re.S | re.I)
+_PYTHON_FENCE = re.compile(r"```[ \t]*(?:python3?|py)\b[^\n]*\n", re.I)  # the opening of a python block
 
 
 def extract_code(text: str) -> tuple[str, bool]:
@@ -53,6 +54,11 @@ def extract_code(text: str) -> tuple[str, bool]:
     if unclosed and "```" not in unclosed.group(1):
         return unclosed.group(1), True
     return text, False
+
+
+def has_python_block(text: str) -> bool:
+    """Whether ``text`` opens a python code block (```python, ```py or ```python3; closed or left open)."""
+    return _PYTHON_FENCE.search(text[:MAX_TEXT_CHARS]) is not None
 
 
 # ---- running, with one cache ------------------------------------------------------------------------------

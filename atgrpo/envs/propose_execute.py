@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Messages, MultiAgentEnv, Reward
+from .programs import has_python_block
 from .tool_code import ToolCodeMixin
 
 
@@ -24,7 +25,10 @@ class ProposeExecuteGame(ToolCodeMixin, MultiAgentEnv):
     """A two-role game (``tool`` proposes, ``plan`` executes) with the tool's code mode (``ToolCodeMixin``).
 
     One step (``_apply``): the tool's text goes through ``_read_tool`` (in code mode: its program's last printed
-    line), then ``_parse``. Nothing readable scores ``format_penalty`` (team 0) and, for the tool, clears the
+    line), then ``_parse``. A plan answer holding a python code block is the tool's kind of answer, not an
+    action: it scores ``format_penalty`` and moves nothing (the parsers would otherwise read a grid or moves out of
+    the program's text, a free no-op that let a small shared model drift into writing programs in both roles).
+    Nothing readable scores ``format_penalty`` (team 0) and, for the tool, clears the
     proposal. Otherwise ``_simulate`` scores the action on a copy of the state; a partly readable answer adds
     ``format_penalty`` to that score; the tool's result becomes ``proposal`` (``_proposal``), the plan's is
     executed (``_execute``). ``team`` = 1.0 when the real task is solved after the step, else 0.0. ``info``:
@@ -60,6 +64,8 @@ class ProposeExecuteGame(ToolCodeMixin, MultiAgentEnv):
 
     # ---- the common flow ------------------------------------------------------------------------------
     def _apply(self, agent: str, text: str) -> tuple[Reward, dict[str, Any]]:
+        if agent != "tool" and has_python_block(text):  # the plan's answer is an action, never a program
+            return Reward(team=0.0, local=self.format_penalty), {"parse_error": True, "plan_wrote_program": True}
         text, run = self._read_tool(agent, text)
         action, ok, parsed = self._parse(text)
         info: dict[str, Any] = {"parse_error": not ok, **parsed, **self._run_info(run, action is not None)}
