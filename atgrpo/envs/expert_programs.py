@@ -74,16 +74,6 @@ def free(p):
     return 0 <= p[0] < len(rows) and 0 <= p[1] < len(rows[p[0]]) and p not in walls
 
 
-# cells from which a box can still reach a goal: pull boxes back from the goals
-live, todo = set(goals), list(goals)
-while todo:
-    b = todo.pop()
-    for dr, dc in MOVES.values():
-        before, stand = (b[0] - dr, b[1] - dc), (b[0] - 2 * dr, b[1] - 2 * dc)
-        if before not in live and free(before) and free(stand):
-            live.add(before)
-            todo.append(before)
-
 start = (player, frozenset(boxes))
 prev = {start: None}
 queue = deque([start])
@@ -101,7 +91,7 @@ while queue:
         nb = bs
         if q in bs:
             t = (q[0] + dr, q[1] + dc)
-            if not free(t) or t in bs or t not in live:
+            if not free(t) or t in bs:
                 continue
             nb = (bs - {q}) | {t}
         nxt = (q, nb)
@@ -182,8 +172,9 @@ def plan_path_program(grid: str, bug: str | None = None) -> str:
 
 
 def sokoban_program(grid: str, bug: str | None = None) -> str:
-    """A BFS over (player, boxes) states of the room, pushes onto dead squares pruned, that prints a shortest
-    solving move string (symbols as in the Sokoban prompt)."""
+    """A BFS over (player, boxes) states of the room that prints a shortest solving move string (symbols as in
+    the Sokoban prompt). No dead-square pruning: the rooms are small (6x6, two boxes: a few thousand states, well
+    inside the time limit), and a shorter program is easier for a small model to learn to write."""
     return _moves_program(_SOKOBAN, grid, bug)
 
 
