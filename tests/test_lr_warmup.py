@@ -50,3 +50,24 @@ def test_config_rejects_negative_warmup():
     from atgrpo.config import ConfigError, load_config
     with pytest.raises(ConfigError, match="warmup_steps"):
         load_config(None, ["algo.warmup_steps=-1"])
+
+
+def test_warmstart_schedule_by_hand():
+    """``warmstart.warmup_steps``: the default 20-step warm-up caps a 10-step warm start at 0.15 of its lr
+    (the overlap of warm-up and decay); a 2-step warm-up reaches the full lr at the second step."""
+    from atgrpo.trainer.warmstart import warmstart_lr_factor
+    default = [warmstart_lr_factor(i, 10, 20) for i in range(10)]
+    assert max(default) == pytest.approx(0.15)
+    assert default[:3] == pytest.approx([0.05, 0.1 * 0.9, 0.15 * 0.8])
+    short = [warmstart_lr_factor(i, 10, 2) for i in range(10)]
+    assert short[:3] == pytest.approx([0.5, 0.9, 0.8])
+    assert short[-1] == pytest.approx(0.1)  # the decay's floor
+    assert [warmstart_lr_factor(i, 200, 20) for i in (19, 100)] == pytest.approx([1.0 * 0.905, 0.5])
+
+
+def test_warmstart_warmup_is_configured():
+    from atgrpo.config import ConfigError, load_config
+    assert load_config(None, ["warmstart.warmup_steps=3"]).warmstart.warmup_steps == 3
+    assert load_config(None, []).warmstart.warmup_steps == 20
+    with pytest.raises(ConfigError):
+        load_config(None, ["warmstart.warmup_steps=0"])

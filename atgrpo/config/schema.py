@@ -156,6 +156,9 @@ class WarmStartConfig:
     lr: float = above(1e-3)
     batch_size: int = at_least(64, 1)  # demonstrations per optimizer step
     token_budget: int = at_least(16384, 1)  # padded tokens per forward/backward (a batch is split to fit: real models)
+    # optimizer steps of linear lr warm-up; the lr also decays linearly to 0.1x over the warm start, so a warm start
+    # of few steps (real models: 8-12) under the default never reaches warmstart.lr (peak 0.15x at 10 steps)
+    warmup_steps: int = at_least(20, 1)
     # L2/L3: one warm start on every role's demonstrations, copied to every policy (all roles start from one
     # checkpoint, as in the paper from one pretrained model); false: each policy on its own roles' demonstrations
     common: bool = True

@@ -51,6 +51,14 @@ def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_
     return demos
 
 
+def warmstart_lr_factor(step: int, steps_total: int, warmup_steps: int) -> float:
+    """The warm start's learning-rate multiplier at optimizer step ``step`` (0-based): a linear warm-up over
+    ``warmup_steps`` steps times a linear decay to 0.1 over ``steps_total``. The two overlap: a warm start of
+    10 steps under a 20-step warm-up never passes 0.15 of ``warmstart.lr``; set ``warmstart.warmup_steps``
+    well below the step count to reach it."""
+    return min(1.0, (step + 1) / warmup_steps) * max(0.1, 1 - step / steps_total)
+
+
 def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], list[int]]], cfg: WarmStartConfig,
                         seed: int, progress: bool = True) -> list[float]:
     """Cross-entropy on the answer tokens (token mean over each batch); returns the mean loss per epoch."""
@@ -60,7 +68,7 @@ def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], li
     params = [p for p in policy.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     steps_total = cfg.epochs * ((len(pairs) + cfg.batch_size - 1) // cfg.batch_size)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 20) * max(0.1, 1 - i / steps_total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: warmstart_lr_factor(i, steps_total, cfg.warmup_steps))
     policy.model.train()
     losses = []
     bar = tqdm(total=steps_total, desc=f"warm start [{policy.policy_id}]", disable=not progress, leave=False)
