@@ -45,41 +45,21 @@ def test_warmstart_answers_are_tokenised_as_rollouts_without_bos(hf_bos_dir):
     assert demos[0][0] == pol.encode(pol.render(env.observe()))
 
 
-@pytest.mark.parametrize("weighting", ["token", "answer"])
-def test_warmstart_micro_batches_give_the_one_pass_gradient(hf_dir, weighting):
+def test_warmstart_micro_batches_give_the_one_pass_gradient(hf_dir):
     """Splitting a warm-start batch under a small token budget accumulates the same gradient as one pass."""
     from atgrpo.trainer.warmstart import batch_cross_entropy
 
     pol = build_state(load_config(overrides=hf_overrides(hf_dir))).policies["shared"]
     batch = [(pol.encode(pol.render([{"role": "user", "content": f"question {i} " * (i + 1)}])),
-              pol.encode_response(f"answer {i} " * (3 * i + 1))) for i in range(6)]
+              pol.encode_response(f"answer {i}")) for i in range(6)]
     grads, losses = [], []
     for budget in (100_000, 40):
         pol.model.zero_grad(set_to_none=True)
-        losses.append(batch_cross_entropy(pol, batch, budget, weighting))
+        losses.append(batch_cross_entropy(pol, batch, budget))
         grads.append([p.grad.clone() for p in pol.model.parameters()])
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-
-
-def test_warmstart_weighting_by_hand(hf_dir):
-    """``token``: the batch's token mean of -log p; ``answer``: the mean over answers of each one's token mean,
-    computed here from per-answer log-probs (answers of 2 and about 20 tokens, so the two differ)."""
-    from atgrpo.trainer.warmstart import batch_cross_entropy
-
-    pol = build_state(load_config(overrides=hf_overrides(hf_dir))).policies["shared"]
-    batch = [(pol.encode(pol.render([{"role": "user", "content": "short"}])), pol.encode_response("R")),
-             (pol.encode(pol.render([{"role": "user", "content": "long"}])), pol.encode_response("print(1) " * 6))]
-    with torch.no_grad():
-        nll = [-pol.response_logprobs([p], [a], 1.0)[0].sum().item() for p, a in batch]
-    lens = [len(a) for _, a in batch]
-    assert lens[0] < 5 < 15 < lens[1]
-    token = batch_cross_entropy(pol, batch, 100_000, "token")
-    answer = batch_cross_entropy(pol, batch, 100_000, "answer")
-    assert token == pytest.approx(sum(nll) / sum(lens), rel=1e-4)
-    assert answer == pytest.approx((nll[0] / lens[0] + nll[1] / lens[1]) / 2, rel=1e-4)
-    assert abs(token - answer) > 0.01
 
 
 @pytest.mark.parametrize("sharing", ["L1", "L2"])

@@ -159,10 +159,6 @@ class WarmStartConfig:
     # optimizer steps of linear lr warm-up; the lr also decays linearly to 0.1x over the warm start, so a warm start
     # of few steps (real models: 8-12) under the default never reaches warmstart.lr (peak 0.15x at 10 steps)
     warmup_steps: int = at_least(20, 1)
-    # token: every answer token weighs the same (a batch's token mean); answer: every demonstration weighs the same
-    # (each answer's token mean, averaged), so a role whose answers are short (a 12-token move list beside a
-    # 490-token program) is not drowned out in one shared model's warm start
-    weighting: Literal["token", "answer"] = "token"
     # L2/L3: one warm start on every role's demonstrations, copied to every policy (all roles start from one
     # checkpoint, as in the paper from one pretrained model); false: each policy on its own roles' demonstrations
     common: bool = True

@@ -78,7 +78,7 @@ def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], li
         for start in range(0, len(order), cfg.batch_size):
             batch = [pairs[i] for i in order[start:start + cfg.batch_size]]
             opt.zero_grad(set_to_none=True)
-            loss = batch_cross_entropy(policy, batch, cfg.token_budget, cfg.weighting)
+            loss = batch_cross_entropy(policy, batch, cfg.token_budget)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
@@ -90,20 +90,16 @@ def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], li
     return losses
 
 
-def batch_cross_entropy(policy: TrainablePolicy, batch: list[tuple[list[int], list[int]]], token_budget: int,
-                        weighting: str = "token") -> float:
-    """Accumulate the gradient of the batch's cross-entropy on the answers, one backward per micro-batch of at
-    most ``token_budget`` padded tokens (``plan_chunks``); returns the loss. ``weighting``: ``token`` (the
-    token mean over the batch) or ``answer`` (the mean over answers of each answer's token mean)."""
+def batch_cross_entropy(policy: TrainablePolicy, batch: list[tuple[list[int], list[int]]], token_budget: int
+                        ) -> float:
+    """Accumulate the gradient of the batch's token-mean cross-entropy on the answers, one backward per
+    micro-batch of at most ``token_budget`` padded tokens (``plan_chunks``); returns the loss."""
     prompts, answers = [p for p, _ in batch], [a for _, a in batch]
     normalizer = float(sum(len(a) for a in answers))
     total = 0.0
     for idx in plan_chunks(prompts, answers, token_budget):
         logp, mask = shared_prefix_logprobs(policy, [prompts[i] for i in idx], [answers[i] for i in idx], 1.0)
-        if weighting == "answer":
-            loss = -((logp * mask).sum(-1) / mask.sum(-1).clamp(min=1)).sum() / len(batch)
-        else:
-            loss = -(logp * mask).sum() / normalizer
+        loss = -(logp * mask).sum() / normalizer
         loss.backward()
         total += loss.item()
     return total
