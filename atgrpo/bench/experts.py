@@ -56,7 +56,7 @@ def expert_program_tokens(config: Any, problems: int) -> list[int]:
     from transformers import AutoTokenizer
 
     from ..policies.hf import resolve_model_dir
-    tok = AutoTokenizer.from_pretrained(resolve_model_dir(config.model))
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(config.model), local_files_only=True)
     env = make(config.env.name, style="chat", split="eval", **config.env.kwargs)
     lengths = []
     for seed in range(problems):

@@ -28,6 +28,7 @@ from ..config import WarmStartConfig
 from ..envs import MultiAgentEnv
 from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
+from .update import warmup_lr
 
 WARMSTART_SEED_OFFSET = 7_000_000_000  # demonstration problems use seeds far from the RL data sampler's
 
@@ -56,7 +57,7 @@ def warmstart_lr_factor(step: int, steps_total: int, warmup_steps: int) -> float
     ``warmup_steps`` steps times a linear decay to 0.1 over ``steps_total``. The two overlap: a warm start of
     10 steps under a 20-step warm-up never passes 0.15 of ``warmstart.lr``; set ``warmstart.warmup_steps``
     well below the step count to reach it."""
-    return min(1.0, (step + 1) / warmup_steps) * max(0.1, 1 - step / steps_total)
+    return warmup_lr(1.0, step, warmup_steps) * max(0.1, 1 - step / steps_total)
 
 
 def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], list[int]]], cfg: WarmStartConfig,
