@@ -5,7 +5,8 @@ skipped, so the table can be filled over several invocations, unless its config 
 records the config's digest): such a cell is *stale*, left out of the table and run again from scratch. A cell's
 run directory is ``<runs>/<task>/<row>/seed<k>/``: a cell stopped part-way (Ctrl-C, a crash) resumes from its last
 checkpoint the next time. After a cell's file is written its run's ``checkpoint/`` is removed (the weights are
-0.5 GB per model) unless ``keep_checkpoints``; metrics, transcripts and summary stay.
+0.5 GB per model) unless ``keep_checkpoints``; metrics, transcripts and summary stay. Beside the result file,
+``seed<k>.md`` holds a solved and a failed held-out episode before and after RL (``real_transcripts``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable
 
 from .real_estimate import estimate
 from .real_table import Cell, config_path
+from .real_transcripts import write_cell_transcripts
 
 
 def cell_file(out: str, cell: Cell) -> str:
@@ -201,6 +203,7 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
     path = cell_file(out, cell)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    write_cell_transcripts(directory, path[:-len(".json")] + ".md", f"{cell.name}: held-out examples")
     if not keep_checkpoints:
         shutil.rmtree(os.path.join(directory, "checkpoint"), ignore_errors=True)
     return result

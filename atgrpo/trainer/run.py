@@ -1,10 +1,11 @@
 """The local runner: set up, warm start, evaluate, train for ``train.steps`` steps, evaluate, write outputs.
 
 Run directory: config.yaml, metrics.jsonl, summary.json, rollouts/step_<N>.jsonl, eval_transcripts.jsonl (the
-latest held-out evaluation's episodes), report.html (``atgrpo.report``; both written at each held-out evaluation),
-tensorboard/, learning_curves.png, checkpoint/step_<N>/ (step_0 after the warm start and the first evaluation,
-then every ``train.checkpoint_every`` steps and at the end: what ``--resume`` continues from, see
-checkpoint.py), checkpoint/final/<policy>/ (transformers format), .lock.
+latest held-out evaluation's episodes; eval_transcripts_start.jsonl the one before RL), report.html
+(``atgrpo.report``; both written at each held-out evaluation), tensorboard/, learning_curves.png,
+checkpoint/step_<N>/ (step_0 after the warm start and the first evaluation, then every ``train.checkpoint_every``
+steps and at the end: what ``--resume`` continues from, see checkpoint.py), checkpoint/final/<policy>/
+(transformers format), .lock.
 
 Reliability: one run per directory (a lock held for the run's life); a resumed run continues from its last
 checkpoint and writes the same metrics rows as an uninterrupted one (everything random in a step comes from
@@ -169,11 +170,13 @@ class Run:
                     f.write(json.dumps(s.dump()) + "\n")
 
     def evaluated(self, step: int, episodes: list) -> None:
-        """After a held-out evaluation: its episodes to eval_transcripts.jsonl (the latest evaluation's), and
-        report.html refreshed, so that a run in progress can be looked at."""
-        atomic_write_text(os.path.join(self.run_dir, "eval_transcripts.jsonl"), "".join(
-            json.dumps({"problem": e.problem, "success": e.success, "step": step, "transcript": e.transcript}) + "\n"
-            for e in episodes))
+        """After a held-out evaluation: its episodes to eval_transcripts.jsonl (the latest evaluation's; the one
+        before RL also to eval_transcripts_start.jsonl, kept), and report.html refreshed, so that a run in progress
+        can be looked at."""
+        text = "".join(json.dumps({"problem": e.problem, "success": e.success, "step": step,
+                                   "transcript": e.transcript}) + "\n" for e in episodes)
+        for name in ["eval_transcripts.jsonl"] + (["eval_transcripts_start.jsonl"] if step == 0 else []):
+            atomic_write_text(os.path.join(self.run_dir, name), text)
         self.refresh_report()
 
     def refresh_report(self) -> None:
