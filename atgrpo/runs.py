@@ -137,7 +137,7 @@ class RunRecord:
         if step not in self.tree_steps:
             raise KeyError(f"step {step} of {self.path} has no dumped rollouts; dumped steps: {self.tree_steps} "
                            f"(train.dump_rollouts chooses them)")
-        rows, bad = _read_jsonl(os.path.join(self.path, "rollouts", f"step_{step}.jsonl"))
+        rows, bad = read_jsonl(os.path.join(self.path, "rollouts", f"step_{step}.jsonl"))
         if bad:
             self.skipped_lines[f"rollouts/step_{step}.jsonl"] = bad
         return rows
@@ -187,10 +187,10 @@ def load(path: str) -> RunRecord:
         if not config:
             skipped["config.yaml"] = 1  # unreadable: the page says so
     summary = _read_json(os.path.join(path, "summary.json"))
-    rows, bad = _read_jsonl(os.path.join(path, "metrics.jsonl"))
+    rows, bad = read_jsonl(os.path.join(path, "metrics.jsonl"))
     if bad:
         skipped["metrics.jsonl"] = bad
-    transcripts, bad = _read_jsonl(os.path.join(path, "eval_transcripts.jsonl"))
+    transcripts, bad = read_jsonl(os.path.join(path, "eval_transcripts.jsonl"))
     if bad:
         skipped["eval_transcripts.jsonl"] = bad
     return RunRecord(path=path, config=config, summary=summary if isinstance(summary, dict) else None,
@@ -223,7 +223,7 @@ def _read_json(path: str) -> Any:
         return None
 
 
-def _read_jsonl(path: str) -> tuple[list[dict[str, Any]], int]:
+def read_jsonl(path: str) -> tuple[list[dict[str, Any]], int]:
     """(the JSON-object lines of ``path``, how many lines were not one); ([], 0) when there is no file."""
     if not os.path.isfile(path):
         return [], 0

@@ -13,9 +13,10 @@ the rules and is left out), its response and its rewards. A backfill for a run d
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
+
+from ..runs import read_jsonl
 
 START_FILE, LAST_FILE = "eval_transcripts_start.jsonl", "eval_transcripts.jsonl"
 _USER, _END = "<|im_start|>user\n", "<|im_end|>"
@@ -64,20 +65,13 @@ def episode_markdown(episode: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _read(path: str) -> list[dict[str, Any]] | None:
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def cell_markdown(run_dir: str, title: str) -> str | None:
     """The Markdown page of a run directory's examples; None when it has no held-out transcripts."""
     sections = []
-    start, last = _read(os.path.join(run_dir, START_FILE)), _read(os.path.join(run_dir, LAST_FILE))
-    if start is not None and last is not None and start and last and start[0].get("step") == last[0].get("step"):
-        start = None  # no RL step ran: the last evaluation is the start
-    for name, episodes in (("Before RL", start), ("After RL" if start is not None else "Last evaluation", last)):
+    start, last = (read_jsonl(os.path.join(run_dir, name))[0] for name in (START_FILE, LAST_FILE))
+    if start and last and start[0].get("step") == last[0].get("step"):
+        start = []  # no RL step ran: the last evaluation is the start
+    for name, episodes in (("Before RL", start), ("After RL" if start else "Last evaluation", last)):
         if not episodes:
             continue
         solved = sum(bool(e.get("success")) for e in episodes)
