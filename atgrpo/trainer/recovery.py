@@ -18,7 +18,7 @@ from .metrics import MetricsLogger
 
 if TYPE_CHECKING:
     from .ray.faults import WorkerLost
-    from .run import Run
+    from .active_run import Run
 
 
 class RecoveryExhausted(Exception):

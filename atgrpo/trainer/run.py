@@ -22,20 +22,19 @@ import copy
 import json
 import os
 import shutil
-import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import yaml
 
 from ..config import Config
+from .active_run import CheckpointWriteError, NonFiniteError, Run, warn
 from .atomic_files import atomic_write_text, write_dir_atomically
-from .checkpoint import (CHECKPOINT_DIR, Checkpoint, latest_checkpoint, load_references, remove_leftovers,
-                         restore_newest_intact, save_checkpoint, save_policies, save_references)
+from .checkpoint import (CHECKPOINT_DIR, Checkpoint, load_references, remove_leftovers,
+                         restore_newest_intact, save_policies, save_references)
 from .evaluate import run_eval
-from .metrics import MetricsLogger, plot_curves, rss_mb, step_line
-from .recovery import Recovery, RecoveryExhausted, recover
+from .metrics import MetricsLogger, plot_curves
+from .recovery import RecoveryExhausted, recover
 from .run_settings import sandbox_note, set_precision, set_threads
 from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line
 from .state import TrainState, build_state_checked, check_model_path
@@ -43,14 +42,6 @@ from .step import train_step
 from .warmstart import warm_start
 
 __all__ = ["train", "NonFiniteError", "TrainingInterrupted", "CheckpointWriteError", "RecoveryExhausted"]
-
-
-class NonFiniteError(RunError):
-    """Too many updates were skipped for a non-finite loss or gradient (``train.max_nonfinite``)."""
-
-
-class CheckpointWriteError(Exception):
-    """A checkpoint could not be written (a full disk, no permission); the previous one is intact."""
 
 
 class TrainingInterrupted(Exception):
@@ -68,10 +59,6 @@ def check_run_dir(run_dir: str) -> None:
         raise RunError(f"run directory {run_dir!r} is a file, not a directory; choose another --out")
 
 
-def _warn(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Run a whole training (``resume``: continue the run in ``run_dir`` from its last checkpoint); returns the
     summary (also written to summary.json). Raises ``RunDirInUse`` when another run holds ``run_dir``,
@@ -80,7 +67,7 @@ def train(cfg: Config, run_dir: str, progress: bool = True, resume: bool = False
     check_run_dir(run_dir)
     note = sandbox_note(cfg)
     if note:
-        _warn(note)
+        warn(note)
     created = not os.path.exists(run_dir)
     had_lock = os.path.exists(os.path.join(run_dir, LOCK_FILE))
     with RunLock(run_dir) as lock, StopOnSignal() as stop:
@@ -114,104 +101,6 @@ def _ray_note(cfg: Config, state: TrainState) -> str | None:
     if ray.is_initialized():
         return None
     return ray_note(cfg, len(state.policies), local_ray_cpus(cfg.system.ray))
-
-
-@dataclass
-class Run:
-    """A training run in progress: its state, where its outputs go, and everything its steps have produced so
-    far (what a checkpoint holds besides the weights)."""
-
-    cfg: Config
-    run_dir: str
-    state: TrainState
-    logger: MetricsLogger
-    summary: dict[str, Any]
-    before: dict[str, float]  # held-out metrics before training
-    rows: list[dict[str, Any]] = field(default_factory=list)  # the metrics rows, one per step
-    evals: list[tuple[int, float]] = field(default_factory=list)  # (step, held-out success rate)
-    nonfinite: int = 0  # updates skipped for a non-finite loss or gradient, all steps
-    saved: int | None = None  # the step of the newest checkpoint on disk
-    say: Callable[..., None] = print
-    saved_at: float = field(default_factory=time.time)  # when that checkpoint was written (or the run resumed)
-    recoveries: list[Recovery] = field(default_factory=list)  # Ray: lost workers recovered from, this process
-    failures: int = 0  # Ray: recoveries started (one whose rebuild lost a worker too counts), this process
-    lost_s: float = 0.0  # seconds lost to recoveries since the last metrics row
-    before_episodes: list | None = None  # the first evaluation's episodes (fresh run): the last one if no step runs
-
-    def checkpoint(self) -> str:
-        self.state.backend.pull_state(self.state)  # Ray: the optimizer states live on the update workers
-        try:
-            path = save_checkpoint(self.run_dir, self.state, {
-                "rows": self.rows, "evals": self.evals, "eval_before": self.before, "warmstart_done": True,
-                "warmstart": self.summary.get("warmstart"), "nonfinite": self.nonfinite},
-                self.cfg.train.keep_checkpoints)
-        except Exception as e:  # written into a .tmp-* directory, removed again: older checkpoints are untouched
-            why = _io_error(e)
-            if why is None:
-                raise
-            last = latest_checkpoint(self.run_dir)
-            raise CheckpointWriteError(
-                f"could not write the checkpoint of step {self.state.step} in {self.run_dir} "
-                f"({why}); " + (f"the previous checkpoint {last.path} is intact: make room, "
-                f"then continue with: atgrpo train --resume {self.run_dir}" if last else
-                "no earlier checkpoint: make room and start the run again")) from e
-        self.saved, self.saved_at = self.state.step, time.time()
-        return path
-
-    def log(self, step: int, metrics: dict[str, Any], samples: list) -> None:
-        """One metrics row (metrics.jsonl, the loggers, the console), and the step's rollouts if it is dumped."""
-        metrics["perf/rss_mb"] = rss_mb()
-        self.logger.log(step, metrics)
-        self.rows.append({"step": step, **metrics})
-        self.say(step_line(self.rows[-1]))
-        if step in (set(self.cfg.train.dump_rollouts) or {1, self.cfg.train.steps}):
-            with open(os.path.join(self.run_dir, "rollouts", f"step_{step}.jsonl"), "w") as f:
-                for s in samples:
-                    f.write(json.dumps(s.dump()) + "\n")
-
-    def evaluated(self, step: int, episodes: list) -> None:
-        """After a held-out evaluation: its episodes to eval_transcripts.jsonl (the latest evaluation's; the one
-        before RL also to eval_transcripts_start.jsonl, kept), and report.html refreshed, so that a run in progress
-        can be looked at."""
-        text = "".join(json.dumps({"problem": e.problem, "success": e.success, "step": step,
-                                   "transcript": e.transcript}) + "\n" for e in episodes)
-        for name in ["eval_transcripts.jsonl"] + (["eval_transcripts_start.jsonl"] if step == 0 else []):
-            atomic_write_text(os.path.join(self.run_dir, name), text)
-        self.refresh_report()
-
-    def refresh_report(self) -> None:
-        """Write report.html; a failure is a warning, never the end of the run."""
-        from ..report import write_report
-
-        try:
-            write_report(self.run_dir)
-        except Exception as e:  # the report reads files a user may have touched: warn, and train on
-            _warn(f"atgrpo: warning: {self.run_dir}/report.html not written: {type(e).__name__}: {one_line(e)}")
-
-    def count_nonfinite(self, step: int, skipped: int) -> None:
-        """Add a step's skipped updates; warn, and stop the run past ``train.max_nonfinite``."""
-        self.nonfinite += skipped
-        if skipped:
-            _warn(f"atgrpo: warning: step {step}: {skipped} update(s) skipped for a non-finite loss or gradient "
-                  f"({self.nonfinite} so far; the run stops at train.max_nonfinite={self.cfg.train.max_nonfinite})")
-        if self.nonfinite >= self.cfg.train.max_nonfinite:
-            last = latest_checkpoint(self.run_dir)
-            raise NonFiniteError(
-                f"stopped at step {step}: {self.nonfinite} updates were skipped for a non-finite loss or gradient "
-                f"(train.max_nonfinite={self.cfg.train.max_nonfinite}); last good checkpoint: "
-                f"{last.path if last else 'none'}. Lower algo.lr, use model.dtype=float32, or raise "
-                f"train.max_nonfinite")
-
-
-def _io_error(e: BaseException) -> str | None:
-    """What an I/O failure was (``No space left on device``), for an ``OSError`` or a library's error that wraps
-    one (safetensors: "I/O error: ... (os error 28)"); None for anything else (a bug: raised as it is)."""
-    import re
-
-    if isinstance(e, OSError):
-        return e.strerror or one_line(e)
-    m = re.search(r"\(os error (\d+)\)", str(e))
-    return os.strerror(int(m.group(1))) if m else None
 
 
 def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOnSignal,
@@ -258,7 +147,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     if resume:
         started.append(True)  # the directory is the user's run: never removed
         remove_leftovers(run_dir)
-        found = restore_newest_intact(run_dir, state, warn=_warn)
+        found = restore_newest_intact(run_dir, state, warn=warn)
         if found is not None:
             ckpt, prog = found
             if ckpt.step > cfg.train.steps:
@@ -398,7 +287,7 @@ def _finished_summary(run_dir: str) -> dict[str, Any] | None:
             raise ValueError("not a JSON object")
         return done
     except (OSError, ValueError) as e:
-        _warn(f"atgrpo: warning: {path} is damaged ({one_line(e)}); ignoring it (the resumed run writes it again)")
+        warn(f"atgrpo: warning: {path} is damaged ({one_line(e)}); ignoring it (the resumed run writes it again)")
         return None
 
 
