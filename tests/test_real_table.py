@@ -13,7 +13,7 @@ import pytest
 from atgrpo.bench import real_table as rt
 from atgrpo.bench.real_cells import cell_file, finished_cells
 from atgrpo.bench.real_command import run_real_table
-from atgrpo.bench.real_estimate import evaluations, model_seconds
+from atgrpo.bench.real_estimate import estimate, evaluations, model_seconds
 from hf_dirs import needs_smollm2
 from atgrpo.cli import main
 from atgrpo.config import load_config
@@ -136,10 +136,21 @@ def test_rerun_skips_finished_cells_and_dry_run_uses_their_times(tiny_table, tmp
     states = {r["cell"].name: (r["done"], r["source"], r["seconds"]) for r in dry["plan"]}
     assert states["math/mas_L1/seed0"][:2] == (True, "measured")
     assert states["math/mas_L1/seed1"] == (False, "measured", wall)  # the finished seed's time
-    assert states["math/mas_L3/seed0"][1] == "model"
+    assert states["math/mas_L3/seed0"] == (False, "measured as mas_L1", wall)  # the other team row's time
     assert len(lines) == 5 and "math/mas_L1/seed1" in lines[1] and "todo" in lines[1] and "(measured)" in lines[1]
     assert lines[-1].startswith("4 cells, 1 done, 3 to run")
     assert not (tmp_path / "runs").exists() and dry["table"] is None
+
+
+def test_estimate_borrows_only_the_other_team_rows_time():
+    cfg = load_config(str(ROOT / "configs/real/table/sokoban_mas_L1.yaml"))
+    finished = [{"task": "sokoban", "row": "mas_L1", "wall_seconds": 2400.0},
+                {"task": "sokoban", "row": "mas_L1", "wall_seconds": 2600.0},
+                {"task": "math", "row": "mas_L3", "wall_seconds": 60.0}]
+    assert estimate("sokoban", "mas_L1", cfg, finished) == (2500.0, "measured")
+    assert estimate("sokoban", "mas_L3", cfg, finished) == (2500.0, "measured as mas_L1")
+    assert estimate("sokoban", "single_grpo", cfg, finished)[1] == "model"  # one role: not a team cell's time
+    assert estimate("plan_path", "mas_L3", cfg, finished)[1] == "model"  # another task's times never count
 
 
 def test_plan_lines_mark_cells_estimated_over_the_budget():
