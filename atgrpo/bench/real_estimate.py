@@ -1,5 +1,6 @@
 """How long a cell of the real-model table takes: measured when cells of its task and row (or, for a team row,
-the other team row) have finished, else a rough cost model of its config (for ``atgrpo bench real-table --dry-run`` and the progress lines).
+the other team row) have finished, else a rough cost model of its config (for ``atgrpo bench real-table
+--dry-run`` and the progress lines).
 
 The cost model counts the work a config asks for and prices it with three constants fitted to two measured
 SmolLM2-135M runs on a quiet 2-core AMD EPYC with 2 torch threads (docs/results.md, "A real pretrained model"):
@@ -75,9 +76,11 @@ def estimate(task: str, row: str, cfg: Any, finished: list[dict[str, Any]]) -> t
     def times(r: str) -> list[float]:
         return [c["wall_seconds"] for c in finished if c["task"] == task and c["row"] == r]
 
-    if times(row):
-        return statistics.fmean(times(row)), "measured"
-    for other in TEAM_ROWS:
-        if row in TEAM_ROWS and other != row and times(other):
+    own = times(row)
+    if own:
+        return statistics.fmean(own), "measured"
+    if row in TEAM_ROWS:
+        other = next(r for r in TEAM_ROWS if r != row)
+        if times(other):
             return statistics.fmean(times(other)), f"measured as {other}"
     return model_seconds(task, cfg), "model"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -17,13 +16,8 @@ from .atomic_files import atomic_write_text
 from .checkpoint import latest_checkpoint, save_checkpoint
 from .metrics import MetricsLogger, rss_mb, step_line
 from .recovery import Recovery
-from .run_dir import RunError, one_line
+from .run_dir import RunError, one_line, warn
 from .state import TrainState
-
-
-def warn(line: str) -> None:
-    """A warning line on stderr, at once."""
-    print(line, file=sys.stderr, flush=True)
 
 
 class NonFiniteError(RunError):
@@ -111,7 +105,7 @@ class Run:
         self.nonfinite += skipped
         if skipped:
             warn(f"atgrpo: warning: step {step}: {skipped} update(s) skipped for a non-finite loss or gradient "
-                  f"({self.nonfinite} so far; the run stops at train.max_nonfinite={self.cfg.train.max_nonfinite})")
+                 f"({self.nonfinite} so far; the run stops at train.max_nonfinite={self.cfg.train.max_nonfinite})")
         if self.nonfinite >= self.cfg.train.max_nonfinite:
             last = latest_checkpoint(self.run_dir)
             raise NonFiniteError(

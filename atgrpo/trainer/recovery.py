@@ -8,13 +8,13 @@ the checkpoint to resume from (``RecoveryExhausted``)."""
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .checkpoint import latest_checkpoint, restore_newest_intact
 from .metrics import MetricsLogger
+from .run_dir import warn
 
 if TYPE_CHECKING:
     from .ray.faults import WorkerLost
@@ -48,7 +48,7 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
                                 f"{run.failures} recoveries so far, system.ray.max_failures={limit}; {resume}")
     run.failures += 1  # counted before the rebuild: a worker lost while the new ones start is one more loss
     run.state.backend.rebuild()
-    found = restore_newest_intact(run.run_dir, run.state, warn=_warn)
+    found = restore_newest_intact(run.run_dir, run.state, warn=warn)
     if found is None:
         raise RecoveryExhausted(f"stopped at step {failed_step}: {lost.worker} died ({lost.cause}); {resume}")
     ckpt, prog = found
@@ -61,11 +61,7 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
     rec = Recovery(failed_step, ckpt.step, lost.worker, lost.cause, time.time() - run.saved_at)
     run.recoveries.append(rec)
     run.lost_s, run.saved_at = run.lost_s + rec.seconds_lost, time.time()  # a next loss counts from here
-    _warn(f"atgrpo: Ray: recovery {run.failures} of system.ray.max_failures={limit}: {lost.worker} died at "
-          f"step {failed_step} ({lost.cause}); pools rebuilt, {ckpt.path} restored, redoing steps "
-          f"{ckpt.step + 1}..{failed_step}; {rec.seconds_lost:.1f}s lost")
+    warn(f"atgrpo: Ray: recovery {run.failures} of system.ray.max_failures={limit}: {lost.worker} died at "
+         f"step {failed_step} ({lost.cause}); pools rebuilt, {ckpt.path} restored, redoing steps "
+         f"{ckpt.step + 1}..{failed_step}; {rec.seconds_lost:.1f}s lost")
     return rec
-
-
-def _warn(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

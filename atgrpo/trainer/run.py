@@ -28,7 +28,7 @@ from typing import Any, Callable
 import yaml
 
 from ..config import Config
-from .active_run import CheckpointWriteError, NonFiniteError, Run, warn
+from .active_run import CheckpointWriteError, NonFiniteError, Run
 from .atomic_files import atomic_write_text, write_dir_atomically
 from .checkpoint import (CHECKPOINT_DIR, Checkpoint, load_references, remove_leftovers,
                          restore_newest_intact, save_policies, save_references)
@@ -36,7 +36,7 @@ from .evaluate import run_eval
 from .metrics import MetricsLogger, plot_curves
 from .recovery import RecoveryExhausted, recover
 from .run_settings import sandbox_note, set_precision, set_threads
-from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line
+from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line, warn
 from .state import TrainState, build_state_checked, check_model_path
 from .step import train_step
 from .warmstart import warm_start

@@ -32,6 +32,11 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[:400]}" if text else type(e).__name__
 
 
+def warn(line: str) -> None:
+    """A warning line on stderr, at once."""
+    print(line, file=sys.stderr, flush=True)
+
+
 # ---- the run-directory lock ---------------------------------------------------------------------------
 class RunLock:
     """An exclusive lock on a run directory for the life of a run.
