@@ -293,3 +293,28 @@ def test_table_token_caps_hold_the_expert_programs(game):
     cfg = load_config(str(ROOT / f"configs/real/table/{game}_mas_L1.yaml"), [])
     lengths = expert_program_tokens(cfg, 20)
     assert max(lengths) + 10 <= cfg.rollout.max_new_tokens, (max(lengths), cfg.rollout.max_new_tokens)
+
+
+def test_a_partial_run_from_another_config_is_moved_aside_not_resumed(tmp_path):
+    """A cell stopped part-way under an earlier recipe has no result file to mark it stale; resuming its checkpoint
+    under the new config would mix the two recipes in one cell, so its directory is moved aside. A partial run
+    under the same config resumes, also when only the keys the trainer resolves from the machine differ."""
+    import yaml
+
+    from atgrpo.bench.real_cells import cell_config, config_changes, retire_stale_run
+
+    cfg = cell_config(rt.Cell("sudoku", "mas_L3", 1), ["train.threads=2"], str(ROOT))
+    run = tmp_path / "seed1"
+    assert retire_stale_run(str(run), cfg, has_result=False) is None  # nothing there yet
+    os.makedirs(run / "checkpoint" / "step_2")
+    saved = cfg.to_dict()
+    saved["train"]["threads"], saved["model"]["precision"] = 1, "bfloat16"
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert config_changes(str(run), cfg) == []
+    assert retire_stale_run(str(run), cfg, has_result=False) is None and run.is_dir()
+    saved["warmstart"]["lr"], saved["algo"]["warmup_steps"] = 1.0e-3, 0
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert config_changes(str(run), cfg) == ["algo.warmup_steps", "warmstart.lr"]
+    reason = retire_stale_run(str(run), cfg, has_result=False)
+    assert "algo.warmup_steps, warmstart.lr" in reason and not run.exists()
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["seed1.stale"]

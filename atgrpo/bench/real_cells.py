@@ -164,18 +164,66 @@ def earlier_seconds(directory: str) -> float:
     return recorded
 
 
+# Keys the trainer resolves from the machine when a run starts (config.yaml holds the resolved value): a cell's
+# partial run may resume under another value of these, and under no other change
+RESOLVED_AT_START = ("train.threads", "model.precision")
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(directory: str, cfg) -> list[str]:
+    """The dotted keys whose value in the run directory's config.yaml differs from ``cfg``'s, besides
+    ``RESOLVED_AT_START`` (sorted; empty when the directory has no config.yaml)."""
+    import yaml
+
+    try:
+        with open(os.path.join(directory, "config.yaml")) as f:
+            saved = _flat(yaml.safe_load(f) or {})
+    except FileNotFoundError:
+        return []
+    now = _flat(cfg.to_dict())
+    return sorted(k for k in set(saved) | set(now) if k not in RESOLVED_AT_START and saved.get(k) != now.get(k))
+
+
+def retire_stale_run(directory: str, cfg, has_result: bool) -> str | None:
+    """Move a cell's run directory aside (``<dir>.stale-<time>``) when resuming it would mix two recipes: the cell
+    has a result from an earlier config, or the directory's partial run was started under another config. Returns
+    the reason, or None when the directory is absent or may be resumed."""
+    if not os.path.isdir(directory):
+        return None
+    changed = config_changes(directory, cfg)
+    if not has_result and not changed:
+        return None
+    if has_result:
+        reason = "its result is from an earlier config"
+    else:
+        reason = f"its partial run has another config ({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''})"
+    os.rename(directory, f"{directory}.stale-{time.strftime('%Y%m%d%H%M%S')}")
+    return reason
+
+
 def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".", progress: bool = False,
              keep_checkpoints: bool = False) -> dict[str, Any]:
-    """Train one cell (resuming its run directory when one is there) and write its result file at once. Its
-    wall time includes earlier attempts that stopped part-way (``WALL_FILE``)."""
+    """Train one cell (resuming its run directory when one is there under the same config: ``retire_stale_run``)
+    and write its result file at once. Its wall time includes earlier attempts that stopped part-way
+    (``WALL_FILE``)."""
     from ..trainer.atomic_files import atomic_write_text
     from ..trainer.run import train
 
     cfg = cell_config(cell, extra, root)
     directory = run_dir(runs, cell)
-    old = cell_file(out, cell)
-    if os.path.exists(old) and os.path.isdir(directory):  # stale: its run must not be resumed with a new config
-        os.rename(directory, f"{directory}.stale-{time.strftime('%Y%m%d%H%M%S')}")
+    reason = retire_stale_run(directory, cfg, os.path.exists(cell_file(out, cell)))
+    if reason:
+        print(f"{cell.name}: starting afresh, {reason}; the old run directory is kept as {directory}.stale-*",
+              flush=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     start, before = time.time(), earlier_seconds(directory)
     reset_peak_rss()
