@@ -169,27 +169,19 @@ def earlier_seconds(directory: str) -> float:
 RESOLVED_AT_START = ("train.threads", "model.precision")
 
 
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_changes(directory: str, cfg) -> list[str]:
     """The dotted keys whose value in the run directory's config.yaml differs from ``cfg``'s, besides
     ``RESOLVED_AT_START`` (sorted; empty when the directory has no config.yaml)."""
     import yaml
 
+    from ..trainer.metrics import flatten
+
     try:
         with open(os.path.join(directory, "config.yaml")) as f:
-            saved = _flat(yaml.safe_load(f) or {})
+            saved = flatten(yaml.safe_load(f) or {})
     except FileNotFoundError:
         return []
-    now = _flat(cfg.to_dict())
+    now = flatten(cfg.to_dict())
     return sorted(k for k in set(saved) | set(now) if k not in RESOLVED_AT_START and saved.get(k) != now.get(k))
 
 

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from ..runs import Node, RunRecord
+from ..trainer.metrics import flatten
 
 TREE_BUDGET = 12_000_000  # bytes of rollout files per report (shared by its runs)
 TRANSCRIPT_BUDGET = 4_000_000  # bytes of held-out episodes per report (shared by its runs)
@@ -127,17 +128,6 @@ def config_diff(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         vals = [f.get(k, missing) for f in flat]
         if any(v != vals[0] for v in vals[1:]):
             out.append({"key": k, "values": [None if v is missing else v for v in vals]})
-    return out
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> dotted keys (``algo.lr``)."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
     return out
 
 
