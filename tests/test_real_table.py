@@ -301,7 +301,8 @@ def test_a_partial_run_from_another_config_is_moved_aside_not_resumed(tmp_path):
     under the same config resumes, also when only the keys the trainer resolves from the machine differ."""
     import yaml
 
-    from atgrpo.bench.real_cells import cell_config, config_changes, retire_stale_run
+    from atgrpo.bench.real_cells import cell_config, retire_stale_run
+    from atgrpo.trainer.run_dir import config_changes
 
     cfg = cell_config(rt.Cell("sudoku", "mas_L3", 1), ["train.threads=2"], str(ROOT))
     run = tmp_path / "seed1"

@@ -152,6 +152,27 @@ def test_extending_a_finished_run_equals_the_longer_run(tmp_path, fast_overrides
     assert load_config(os.path.join(out, "config.yaml")).train.steps == 4
 
 
+def test_a_resume_under_a_changed_config_says_so_and_keeps_the_old_config(tmp_path, fast_overrides, capsys):
+    """The CLI resumes a run under its own config; a program calling the trainer itself may pass another one. The
+    run then holds two recipes: the warning names the changed keys, and the first config stays beside the new."""
+    from atgrpo.trainer.run import train
+
+    out = str(tmp_path / "run")
+    assert main(["train", *fast_overrides, "train.steps=1", "train.checkpoint_every=1", "--out", out, "--quiet"]) == 0
+    lr = load_config(os.path.join(out, "config.yaml")).algo.lr
+    capsys.readouterr()
+    train(load_config(None, fast_overrides + ["train.steps=2", "train.checkpoint_every=1"]), out, progress=False,
+          resume=True)  # extending the run is no change
+    assert "changed config" not in capsys.readouterr().err
+    assert not [f for f in os.listdir(out) if f.startswith("config.step_")]
+    changed = ["train.steps=3", "train.checkpoint_every=1", f"algo.lr={lr * 2}", "rollout.K=2"]
+    train(load_config(None, fast_overrides + changed), out, progress=False, resume=True)
+    err = capsys.readouterr().err
+    assert "resuming" in err and "at step 2 under a changed config (algo.lr, rollout.K)" in err, err
+    assert load_config(os.path.join(out, "config.step_2.yaml")).algo.lr == lr
+    assert load_config(os.path.join(out, "config.yaml")).algo.lr == lr * 2
+
+
 def test_resume_errors_are_clear(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "nothing")]) == 2
     assert "no config.yaml" in capsys.readouterr().err

@@ -164,31 +164,13 @@ def earlier_seconds(directory: str) -> float:
     return recorded
 
 
-# Keys the trainer resolves from the machine when a run starts (config.yaml holds the resolved value): a cell's
-# partial run may resume under another value of these, and under no other change
-RESOLVED_AT_START = ("train.threads", "model.precision")
-
-
-def config_changes(directory: str, cfg) -> list[str]:
-    """The dotted keys whose value in the run directory's config.yaml differs from ``cfg``'s, besides
-    ``RESOLVED_AT_START`` (sorted; empty when the directory has no config.yaml)."""
-    import yaml
-
-    from ..trainer.metrics import flatten
-
-    try:
-        with open(os.path.join(directory, "config.yaml")) as f:
-            saved = flatten(yaml.safe_load(f) or {})
-    except FileNotFoundError:
-        return []
-    now = flatten(cfg.to_dict())
-    return sorted(k for k in set(saved) | set(now) if k not in RESOLVED_AT_START and saved.get(k) != now.get(k))
-
-
 def retire_stale_run(directory: str, cfg, has_result: bool) -> str | None:
     """Move a cell's run directory aside (``<dir>.stale-<time>``) when resuming it would mix two recipes: the cell
-    has a result from an earlier config, or the directory's partial run was started under another config. Returns
-    the reason, or None when the directory is absent or may be resumed."""
+    has a result from an earlier config, or the directory's partial run was started under another config (other
+    than in the keys the trainer resolves from the machine). Returns the reason, or None when the directory is
+    absent or may be resumed."""
+    from ..trainer.run_dir import config_changes
+
     if not os.path.isdir(directory):
         return None
     changed = config_changes(directory, cfg)

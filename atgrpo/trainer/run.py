@@ -5,7 +5,7 @@ latest held-out evaluation's episodes; eval_transcripts_start.jsonl the one befo
 (``atgrpo.report``; both written at each held-out evaluation), tensorboard/, learning_curves.png,
 checkpoint/step_<N>/ (step_0 after the warm start and the first evaluation, then every ``train.checkpoint_every``
 steps and at the end: what ``--resume`` continues from, see checkpoint.py), checkpoint/final/<policy>/
-(transformers format), .lock.
+(transformers format), config.step_<N>.yaml (only after a resume at step N under a changed config), .lock.
 
 Reliability: one run per directory (a lock held for the run's life); a resumed run continues from its last
 checkpoint and writes the same metrics rows as an uninterrupted one (everything random in a step comes from
@@ -36,7 +36,8 @@ from .evaluate import run_eval
 from .metrics import MetricsLogger, plot_curves
 from .recovery import RecoveryExhausted, recover
 from .run_settings import sandbox_note, set_precision, set_threads
-from .run_dir import LOCK_FILE, ResumeError, RunError, RunLock, StopOnSignal, one_line, warn
+from .run_dir import (LOCK_FILE, RESOLVED_AT_START, ResumeError, RunError, RunLock, StopOnSignal, config_changes,
+                      one_line, warn)
 from .state import TrainState, build_state_checked, check_model_path
 from .step import train_step
 from .warmstart import warm_start
@@ -89,6 +90,19 @@ def _remove_setup(run_dir: str, created: bool, had_lock: bool) -> None:
     elif not had_lock:
         with contextlib.suppress(OSError):
             os.remove(os.path.join(run_dir, LOCK_FILE))
+
+
+def _keep_changed_config(run_dir: str, cfg: Config, step: int) -> None:
+    """A resume under a config that differs from the run's own (besides ``train.steps``, which extends a run, and
+    the keys resolved per machine) mixes two recipes in one run: say which keys changed, and keep the config the
+    first ``step`` steps ran under as ``config.step_<step>.yaml`` (config.yaml is the config from here on)."""
+    changed = config_changes(run_dir, cfg, ignore=RESOLVED_AT_START + ("train.steps",))
+    if not changed:
+        return
+    kept = os.path.join(run_dir, f"config.step_{step}.yaml")
+    shutil.copyfile(os.path.join(run_dir, "config.yaml"), kept)
+    warn(f"atgrpo: warning: resuming {run_dir} at step {step} under a changed config ({', '.join(changed[:6])}"
+         f"{', ...' if len(changed) > 6 else ''}); the run up to that step ran under {kept}")
 
 
 def _ray_note(cfg: Config, state: TrainState) -> str | None:
@@ -158,6 +172,8 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
                 say(f"atgrpo: {run_dir} already finished at step {ckpt.step}; pass train.steps=N to extend it")
                 return done
     os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
+    if ckpt is not None:
+        _keep_changed_config(run_dir, cfg, ckpt.step)
     atomic_write_text(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     started.append(True)
     n_params = {pid: p.num_parameters() for pid, p in state.policies.items()}

@@ -1,5 +1,5 @@
-"""A run directory's guards: its lock (one live run per directory), the stop-on-signal flag, and the errors a
-run reports."""
+"""A run directory's guards: its lock (one live run per directory), the stop-on-signal flag, the config check of a
+resume, and the errors a run reports."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 LOCK_FILE = ".lock"
+RESOLVED_AT_START = ("train.threads", "model.precision")  # chosen per machine when a run starts (run_settings.py)
 
 
 class RunError(RuntimeError):
@@ -35,6 +36,22 @@ def one_line(e: BaseException) -> str:
 def warn(line: str) -> None:
     """A warning line on stderr, at once."""
     print(line, file=sys.stderr, flush=True)
+
+
+def config_changes(run_dir: str, cfg: Any, ignore: tuple[str, ...] = RESOLVED_AT_START) -> list[str]:
+    """The dotted keys whose value in the run directory's config.yaml differs from ``cfg``'s, besides ``ignore``
+    (sorted; empty when the directory has no config.yaml)."""
+    import yaml
+
+    from .metrics import flatten
+
+    try:
+        with open(os.path.join(run_dir, "config.yaml")) as f:
+            saved = flatten(yaml.safe_load(f) or {})
+    except FileNotFoundError:
+        return []
+    now = flatten(cfg.to_dict())
+    return sorted(k for k in set(saved) | set(now) if k not in ignore and saved.get(k) != now.get(k))
 
 
 # ---- the run-directory lock ---------------------------------------------------------------------------
