@@ -1,5 +1,6 @@
 """atgrpo eval --benchmarks: pass@k from n samples (the unbiased estimator), checked against hand-computed values
-on a scripted policy; the CLI writes the table, the per-benchmark JSON and transcripts."""
+on a scripted policy; the held-out evaluation's success by turn; the CLI writes the table, the per-benchmark JSON
+and transcripts."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from atgrpo.cli import main
 from atgrpo.envs import make
 from atgrpo.rollout import Sampling
 from atgrpo.trainer.benchmarks import pass_at_k, run_benchmark
+from atgrpo.trainer.evaluate import evaluate
 from scripted import ScriptedBytePolicy
 
 
@@ -77,6 +79,40 @@ def test_pass_at_k_on_a_scripted_policy_equals_the_hand_computed_value():
     assert metrics["success_rate"] == pytest.approx(4 / 12) and metrics["problems"] == 3.0
     assert [(r["seed"], r["sample"], r["success"]) for r in records] == [
         (i, j, j in wins[i]) for i in range(3) for j in range(4)]
+
+
+class PromptScript(ScriptedBytePolicy):
+    """Answers each prompt with ``script[prompt]`` (nothing for a prompt not in it)."""
+
+    def __init__(self, script: dict[str, str]):
+        super().__init__()
+        self.script = script
+
+    def answers(self, prompts, n):
+        return [[self.script.get(text, "")] * n for text in prompts]
+
+
+def test_solved_by_turn_counts_the_episodes_solved_within_each_turn():
+    kw = dict(size=5, wall_prob=0.2, max_turns=3)
+    make_env = lambda split, seed: _reset(make("plan_path", split=split, **kw), seed)  # noqa: E731
+    solve_at = [1, 2, 3, None, 2]  # the turn at which the plan agent answers the expert path; None: never
+    script = {}
+    for i, turn in enumerate(solve_at):
+        env = make_env("eval", i)
+        for t in range(1, 4):
+            env.step("")  # the tool says nothing
+            answer = env.expert_action("plan") if t == turn else ""
+            script[env.observe()] = answer
+            env.step(answer)
+            if env.done:
+                break
+        assert env.success == (turn is not None)
+    metrics, episodes = evaluate(make_env, {"shared": PromptScript(script)}, {"tool": "shared", "plan": "shared"},
+                                 len(solve_at), Sampling(K=1, temperature=0.0, max_new_tokens=8, alpha=1.0))
+    assert [e.turns for e in episodes] == [1, 2, 3, 3, 2]
+    assert metrics["success_rate"] == pytest.approx(4 / 5)
+    assert metrics["solved_by_turn_1"] == pytest.approx(1 / 5) and metrics["solved_by_turn_2"] == pytest.approx(3 / 5)
+    assert "solved_by_turn_3" not in metrics  # the last turn played: that is success_rate
 
 
 def _reset(env, seed):

@@ -28,9 +28,10 @@ EVAL_BATCH = 256  # problems per batched rollout
 def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, Policy],
              agent_to_policy: dict[str, str], problems: int, sampling: Sampling, seed: int = 0
              ) -> tuple[dict[str, float], list[EpisodeResult]]:
-    """Metrics (success_rate, mean turns, mean return per agent) over ``problems`` evaluation problems
-    (seeds 0..problems-1 of the eval split: the same set for every run, so runs are comparable), one episode
-    each (``sampling.K`` must be 1)."""
+    """Metrics (success_rate, mean turns, mean return per agent, and ``solved_by_turn_<t>``: the share solved within
+    the first t turns: about what the same policies would score with ``max_turns=t``, though the prompts name the
+    turn count) over ``problems`` evaluation problems (seeds 0..problems-1 of the eval split: the
+    same set for every run, so runs are comparable), one episode each (``sampling.K`` must be 1)."""
     if sampling.K != 1:
         raise ValueError(f"evaluation runs one episode per problem (sampling.K=1), not K={sampling.K}")
     gen = torch.Generator().manual_seed(seed)
@@ -42,6 +43,8 @@ def evaluate(make_env: Callable[[str, int], MultiAgentEnv], policies: dict[str, 
     n = max(1, len(episodes))
     metrics = {"success_rate": sum(e.success for e in episodes) / n,
                "turns": sum(e.turns for e in episodes) / n, "problems": float(len(episodes))}
+    for t in range(1, max((e.turns for e in episodes), default=0)):
+        metrics[f"solved_by_turn_{t}"] = sum(e.success and e.turns <= t for e in episodes) / n
     for agent in episodes[0].returns if episodes else []:
         metrics[f"return/{agent}"] = sum(e.returns[agent] for e in episodes) / n
     return metrics, episodes
