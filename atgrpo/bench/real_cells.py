@@ -169,7 +169,7 @@ def retire_stale_run(directory: str, cfg, has_result: bool) -> str | None:
     has a result from an earlier config, or the directory's partial run was started under another config (other
     than in the keys the trainer resolves from the machine). Returns the reason, or None when the directory is
     absent or may be resumed."""
-    from ..trainer.run_dir import config_changes
+    from ..trainer.run_dir import config_changes, key_list
 
     if not os.path.isdir(directory):
         return None
@@ -179,7 +179,7 @@ def retire_stale_run(directory: str, cfg, has_result: bool) -> str | None:
     if has_result:
         reason = "its result is from an earlier config"
     else:
-        reason = f"its partial run has another config ({', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''})"
+        reason = f"its partial run has another config ({key_list(changed, most=4)})"
     os.rename(directory, f"{directory}.stale-{time.strftime('%Y%m%d%H%M%S')}")
     return reason
 

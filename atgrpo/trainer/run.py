@@ -37,7 +37,7 @@ from .metrics import MetricsLogger, plot_curves
 from .recovery import RecoveryExhausted, recover
 from .run_settings import sandbox_note, set_precision, set_threads
 from .run_dir import (LOCK_FILE, RESOLVED_AT_START, ResumeError, RunError, RunLock, StopOnSignal, config_changes,
-                      one_line, warn)
+                      key_list, one_line, warn)
 from .state import TrainState, build_state_checked, check_model_path
 from .step import train_step
 from .warmstart import warm_start
@@ -101,8 +101,8 @@ def _keep_changed_config(run_dir: str, cfg: Config, step: int) -> None:
         return
     kept = os.path.join(run_dir, f"config.step_{step}.yaml")
     shutil.copyfile(os.path.join(run_dir, "config.yaml"), kept)
-    warn(f"atgrpo: warning: resuming {run_dir} at step {step} under a changed config ({', '.join(changed[:6])}"
-         f"{', ...' if len(changed) > 6 else ''}); the run up to that step ran under {kept}")
+    warn(f"atgrpo: warning: resuming {run_dir} at step {step} under a changed config ({key_list(changed)}); the run "
+         f"up to that step ran under {kept}")
 
 
 def _ray_note(cfg: Config, state: TrainState) -> str | None:

@@ -54,6 +54,11 @@ def config_changes(run_dir: str, cfg: Any, ignore: tuple[str, ...] = RESOLVED_AT
     return sorted(k for k in set(saved) | set(now) if k not in ignore and saved.get(k) != now.get(k))
 
 
+def key_list(keys: list[str], most: int = 6) -> str:
+    """``keys`` for a message: comma-separated, the first ``most`` then ``...``."""
+    return ", ".join(keys[:most]) + (", ..." if len(keys) > most else "")
+
+
 # ---- the run-directory lock ---------------------------------------------------------------------------
 class RunLock:
     """An exclusive lock on a run directory for the life of a run.
