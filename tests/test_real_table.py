@@ -153,6 +153,16 @@ def test_estimate_borrows_only_the_other_team_rows_time():
     assert estimate("plan_path", "mas_L3", cfg, finished)[1] == "model"  # another task's times never count
 
 
+def test_estimate_prefers_a_stale_cells_time_to_the_cost_model():
+    cfg = load_config(str(ROOT / "configs/real/table/plan_path_mas_L1.yaml"))
+    earlier = [{"task": "plan_path", "row": "mas_L1", "wall_seconds": 2400.0}]
+    current = [{"task": "plan_path", "row": "mas_L1", "wall_seconds": 2000.0}]
+    assert estimate("plan_path", "mas_L1", cfg, [], earlier) == (2400.0, "measured, earlier config")
+    assert estimate("plan_path", "mas_L1", cfg, current, earlier) == (2000.0, "measured")  # today's config first
+    assert estimate("plan_path", "mas_L3", cfg, [], earlier) == (2400.0, "measured as mas_L1, earlier config")
+    assert estimate("plan_path", "single_grpo", cfg, [], earlier)[1] == "model"  # not a team cell's time
+
+
 def test_plan_lines_mark_cells_estimated_over_the_budget():
     from atgrpo.bench.real_cells import plan_lines
 

@@ -236,9 +236,10 @@ def plan(cells: list[Cell], out: str, extra: list[str], root: str = ".") -> list
     when the config changed since) and estimated seconds (measured or the cost model;
     ``atgrpo/bench/real_estimate.py``)."""
     finished, stale = current_cells(out, root)
+    earlier = [r for r in finished_cells(out) if not is_current(r, root)]
     rows = []
     for cell in cells:
-        seconds, source = estimate(cell.task, cell.row, cell_config(cell, extra, root), finished)
+        seconds, source = estimate(cell.task, cell.row, cell_config(cell, extra, root), finished, earlier)
         rows.append({"cell": cell, "done": os.path.exists(cell_file(out, cell)) and cell.name not in stale,
                      "stale": cell.name in stale, "seconds": seconds, "source": source})
     return rows

@@ -69,18 +69,19 @@ def model_seconds(task: str, cfg: Any) -> float:
 TEAM_ROWS = ("mas_L1", "mas_L3")
 
 
-def estimate(task: str, row: str, cfg: Any, finished: list[dict[str, Any]]) -> tuple[float, str]:
+def estimate(task: str, row: str, cfg: Any, finished: list[dict[str, Any]],
+             earlier: list[dict[str, Any]] = ()) -> tuple[float, str]:
     """A cell's estimated seconds and where it comes from: the mean wall time of the finished cells of the same
-    task and row ("measured"), else of the task's other team row ("measured as mas_L1"), else the cost model
-    ("model"), which has come out 2-2.5x short for the program-writing games' team cells."""
-    def times(r: str) -> list[float]:
-        return [c["wall_seconds"] for c in finished if c["task"] == task and c["row"] == r]
-
-    own = times(row)
-    if own:
-        return statistics.fmean(own), "measured"
+    task and row ("measured"), else of the task's other team row ("measured as mas_L1"); failing both, the same
+    from the cells of an earlier config (``earlier``, the stale cells: "measured, earlier config"); else the cost
+    model ("model"), which has come out 2-2.5x short for the program-writing games' team cells."""
+    stand_ins = [(row, "measured")]
     if row in TEAM_ROWS:
         other = next(r for r in TEAM_ROWS if r != row)
-        if times(other):
-            return statistics.fmean(times(other)), f"measured as {other}"
+        stand_ins.append((other, f"measured as {other}"))
+    for cells, when in ((finished, ""), (earlier, ", earlier config")):
+        for r, source in stand_ins:
+            times = [c["wall_seconds"] for c in cells if c["task"] == task and c["row"] == r]
+            if times:
+                return statistics.fmean(times), source + when
     return model_seconds(task, cfg), "model"
