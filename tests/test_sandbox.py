@@ -338,3 +338,33 @@ def test_declared_packages_are_importable_and_nothing_else():
     assert r.ok and r.stdout.splitlines() == ["a: 1", "NO ModuleNotFoundError", "RO 30"], r.stdout + r.stderr
     r = run("import yaml")
     assert r.exit_code == 1 and "ModuleNotFoundError: No module named 'yaml'" in r.stderr
+
+
+def test_root_resolves_relative_links_with_dot_dot(tmp_path):
+    """Ubuntu 24.04 links ``/lib64 -> usr/lib64`` and ``/usr/lib64/ld-linux-x86-64.so.2 ->
+    ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2``: the resolved path and every recorded link hold no ``..``
+    (a root plan once held ``/usr/lib64/..`` and its mkdir failed with EEXIST)."""
+    from atgrpo.sandbox.root import _resolve
+    real = tmp_path / "usr" / "lib" / "x86_64-linux-gnu"
+    real.mkdir(parents=True)
+    (real / "ld.so.2").write_text("")
+    (tmp_path / "usr" / "lib64").mkdir()
+    (tmp_path / "usr" / "lib64" / "ld.so.2").symlink_to("../lib/./x86_64-linux-gnu/ld.so.2")
+    (tmp_path / "lib64").symlink_to("usr/lib64")
+    links: dict[str, str] = {}
+    resolved = _resolve(f"{tmp_path}/lib64/ld.so.2", links)
+    assert resolved == os.path.realpath(real / "ld.so.2")
+    assert links == {f"{tmp_path}/lib64": "usr/lib64",
+                     f"{tmp_path}/usr/lib64/ld.so.2": "../lib/./x86_64-linux-gnu/ld.so.2"}
+    assert _resolve(f"{tmp_path}/usr/lib64/../lib64/./ld.so.2", {}) == resolved
+
+
+def test_root_skips_missing_site_dirs_inside_bound_directories(tmp_path):
+    """A site directory that sysconfig names but that does not exist inside a bound (read-only) directory is
+    left out of the root; existing ones, and missing ones the root can create, stay."""
+    from atgrpo.sandbox.root import _site_covers
+    stdlib = tmp_path / "usr" / "lib" / "python3.12"
+    (stdlib / "dist-packages").mkdir(parents=True)
+    candidates = {str(stdlib / "site-packages"), str(stdlib / "dist-packages"),
+                  str(tmp_path / "usr" / "local" / "lib" / "python3.12" / "dist-packages")}
+    assert _site_covers(candidates, [str(stdlib)]) == candidates - {str(stdlib / "site-packages")}

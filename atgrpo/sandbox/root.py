@@ -25,6 +25,7 @@ import importlib.util
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -59,10 +60,18 @@ def _mount_flags(path: str) -> int:
 
 
 def _resolve(path: str, links: dict[str, str]) -> str:
-    """``realpath(path)``, recording every symlink met on the way (as path -> target)."""
+    """``realpath(path)``, recording every symlink met on the way (as path -> target).
+
+    ``.`` and ``..`` are resolved as the kernel does, against the real directory reached so far: a relative
+    target such as Ubuntu 24.04's ``/usr/lib64/ld-linux-x86-64.so.2 -> ../lib/x86_64-linux-gnu/...`` must
+    not leave ``/usr/lib64/..`` in a path that the root then tries to create."""
     parts, done, hops = [p for p in path.split("/") if p], "", 0
     while parts:
-        cur = f"{done}/{parts.pop(0)}"
+        part = parts.pop(0)
+        if part in (".", ".."):
+            done = os.path.dirname(done) if part == ".." and done else done
+            continue
+        cur = f"{done}/{part}"
         if os.path.islink(cur):
             target = os.readlink(cur)
             links[cur] = target
@@ -96,6 +105,15 @@ def _inside(path: str, dirs) -> bool:
     return any(path.startswith(d + "/") for d in dirs)
 
 
+def _site_covers(candidates: set[str], bound: list[str]) -> set[str]:
+    """The site-packages directories of the bare interpreter that the root can hold: those that exist here,
+    and missing ones outside a bound directory (made empty in the root). A missing one inside a bound, read-only
+    directory cannot be made and is not on the interpreter's path there either: under a virtual environment
+    sysconfig names ``/usr/lib/python3.12/site-packages``, which Ubuntu's interpreter neither has nor uses (its
+    ``site`` adds ``/usr/local/lib/python3.12/dist-packages`` and ``/usr/lib/python3/dist-packages``)."""
+    return {p for p in candidates if os.path.isdir(p) or not _inside(p, bound)}
+
+
 @functools.cache
 def root_spec() -> RootSpec:
     """The minimal root for this interpreter (computed once per process)."""
@@ -117,8 +135,9 @@ def root_spec() -> RootSpec:
     binds = {p: d for p, d in binds.items() if not _inside(p, bound)}
     bound = [p for p, is_dir in binds.items() if is_dir]
     links = {p: t for p, t in links.items() if not _inside(p, bound)}
-    site = {_resolve(sysconfig.get_path(k, vars=base), links) for k in ("purelib", "platlib")}
-    covers = sorted(site |
+    candidates = [sysconfig.get_path(k, vars=base) for k in ("purelib", "platlib")]
+    candidates += site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
+    covers = sorted(_site_covers({_resolve(p, links) for p in candidates}, bound) |
                     {os.path.realpath(p) for d in stdlibs for p in glob.glob(f"{d}/*-packages") if os.path.isdir(p)})
     dirs: set[str] = set()
     for path in [*(os.path.dirname(p) for p in [*binds, *links]), *(p for p, d in binds.items() if d),
