@@ -236,7 +236,7 @@ def test_the_table_is_rewritten_after_each_cell(tmp_path, monkeypatch):
     assert list(seen[1]["table"]["math"]["mas_L1"]["seeds"]) == ["7"]
 
 
-def test_a_cell_killed_without_a_word_counts_its_time_up_to_its_newest_checkpoint(tmp_path):
+def test_earlier_attempts_count_records_kills_up_to_the_newest_checkpoint_and_finished_runs(tmp_path):
     from atgrpo.bench.real_cells import WALL_FILE, earlier_seconds
 
     run, t0 = tmp_path / "seed0", 1_000_000.0
@@ -252,6 +252,11 @@ def test_a_cell_killed_without_a_word_counts_its_time_up_to_its_newest_checkpoin
     assert earlier_seconds(str(run)) == 600.0
     os.utime(run / WALL_FILE, (t0 - 100, t0 - 100))  # an older attempt's record, then one killed: both count
     assert earlier_seconds(str(run)) == 600.0 + 1740.0
+    (run / "summary.json").write_text(json.dumps({"wall_seconds": 2100.0}))
+    os.utime(run / "summary.json", (t0 + 2100, t0 + 2100))  # then one that finished, evaluations and all
+    assert earlier_seconds(str(run)) == 600.0 + 2100.0
+    os.utime(run / "config.yaml", (t0 + 2200, t0 + 2200))  # a later start (train.steps extended): not finished
+    assert earlier_seconds(str(run)) == 600.0
 
 
 def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_rerun_afresh(tmp_path, monkeypatch):

@@ -152,6 +152,23 @@ def test_extending_a_finished_run_equals_the_longer_run(tmp_path, fast_overrides
     assert load_config(os.path.join(out, "config.yaml")).train.steps == 4
 
 
+def test_a_finished_run_without_its_checkpoints_is_never_started_over(tmp_path, fast_overrides, capsys):
+    """The real-results bench removes a finished cell's checkpoints; resuming that directory again must return the
+    finished run, not warm-start a new one over its metrics (it once did, and emptied metrics.jsonl)."""
+    import shutil
+
+    out = str(tmp_path / "run")
+    assert main(["train", *fast_overrides, "train.checkpoint_every=1", "--out", out, "--quiet"]) == 0
+    shutil.rmtree(os.path.join(out, "checkpoint"))
+    rows = _rows(out)
+    assert main(["train", "--resume", out]) == 0
+    assert "already finished at step 2 (its checkpoints were removed)" in capsys.readouterr().out
+    assert _rows(out) == rows and rows
+    assert main(["train", "--resume", out, "train.steps=4"]) == 2
+    assert "no checkpoint to continue from" in capsys.readouterr().err
+    assert _rows(out) == rows
+
+
 def test_a_resume_under_a_changed_config_says_so_and_keeps_the_old_config(tmp_path, fast_overrides, capsys):
     """The CLI resumes a run under its own config; a program calling the trainer itself may pass another one. The
     run then holds two recipes: the warning names the changed keys, and the first config stays beside the new."""

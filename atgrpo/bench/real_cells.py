@@ -141,7 +141,10 @@ def earlier_seconds(directory: str) -> float:
     """Seconds spent on the cell by earlier attempts that stopped part-way (0 for a fresh cell): what the attempts
     that saw their end (a signal, an exception) recorded in ``WALL_FILE``, plus, when the last attempt was killed
     without a word (SIGKILL, the kernel's out-of-memory killer), the time from its start (``config.yaml``, which
-    every start rewrites) to its newest checkpoint: the work it kept, which the next attempt does not redo."""
+    every start rewrites) to its newest checkpoint: the work it kept, which the next attempt does not redo. A run
+    that finished (``summary.json`` newer than ``config.yaml``; e.g. one trained by ``atgrpo train`` under the
+    cell's config and then handed to the bench) counts its last attempt's own ``wall_seconds``, evaluations
+    included."""
     from ..trainer.atomic_files import MANIFEST_FILE
     from ..trainer.checkpoint import latest_checkpoint
 
@@ -158,6 +161,13 @@ def earlier_seconds(directory: str) -> float:
     except (OSError, ValueError, KeyError):
         pass
     started, ckpt = mtime(os.path.join(directory, "config.yaml")), latest_checkpoint(directory)
+    finished = mtime(os.path.join(directory, "summary.json"))
+    if started is not None and finished is not None and finished > started:  # the last attempt saw its end
+        try:
+            with open(os.path.join(directory, "summary.json")) as f:
+                return recorded + float(json.load(f)["wall_seconds"])
+        except (OSError, ValueError, KeyError):
+            pass
     kept = mtime(os.path.join(ckpt.path, MANIFEST_FILE)) if ckpt else None
     if started is not None and kept is not None and (mtime(wall_file) or 0.0) < started < kept:
         recorded += kept - started  # the last attempt left no record: killed
