@@ -65,16 +65,6 @@ def test_rows_of_a_task_share_the_warm_start_budget_and_held_out_problems():
         assert single.train == team.train and single.rollout.K == team.rollout.K
 
 
-def test_team_only_settings_reach_both_team_rows_and_not_the_single_agent():
-    """Sudoku's tool samples at 0.3 in the L1 and L3 cells; the single agent (the plan agent alone) keeps the
-    task's settings, so its cells stay current when a team-only setting changes."""
-    l1, l3, single = (load_config(None, rt.row_overrides("sudoku", r)) for r in ("mas_L1", "mas_L3", "single_grpo"))
-    for team in (l1, l3):
-        assert team.rollout.per_agent["tool"]["temperature"] == 0.3
-        assert team.rollout.per_agent["plan"] == single.rollout.per_agent["plan"] == {"max_new_tokens": 80}
-    assert "tool" not in single.rollout.per_agent and single.rollout.temperature == 0.7
-
-
 def test_selection_maps_no_rl_rows_to_their_rl_cells_and_orders_cells():
     cells = rt.select(["code", "math"], ["mas", "mas_L1", "single"], [1, 0])
     assert [c.name for c in cells] == ["math/single_grpo/seed0", "math/single_grpo/seed1", "math/mas_L1/seed0",

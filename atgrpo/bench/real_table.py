@@ -108,12 +108,6 @@ TASKS: dict[str, list[str]] = {
              "warmstart.noise=0.3", "warmstart.lr=1.0e-3", "eval.problems=50", "eval.every=0", "train.steps=4",
              "train.checkpoint_every=2"],
 }
-# Settings of the team rows alone (roles the single agent does not have). Sudoku's tool samples its 300-token
-# program at 0.3, not the rollout's 0.7: at 0.7 no sample of a group solved in the seeds that collapsed, so the
-# advantage ranked only "runs cleanly" over "crashes" and RL removed the search (docs/results.md, "Why the tool's
-# program breaks"); at 0.3 L1 seed 1 went 0.90 -> 0.98 where 0.7 gave 0.90 -> 0.00.
-TEAM_OVERRIDES: dict[str, list[str]] = {
-    "sudoku": ["rollout.per_agent={plan: {max_new_tokens: 80}, tool: {temperature: 0.3}}"]}
 # The single agent's warm-start episodes and problems per step, as multiples of the team's: a team episode gives
 # about twice the demonstrations and sampled responses of a one-role episode. Math is measured
 # (configs/real/math_single_grpo.yaml: 72 episodes against 24, 28 problems against 8 gave 1344 sampled responses
@@ -151,12 +145,10 @@ def _value(items: list[str], key: str) -> str | None:
 
 
 def row_overrides(task: str, row: str) -> list[str]:
-    """Every override of one RL row of a task (seed 0), in the order they apply: COMMON, the task, the row, then
-    for a team row its TEAM_OVERRIDES and for the single agent its scaled warm start and problems per step."""
+    """Every override of one RL row of a task (seed 0), in the order they apply: COMMON, the task, the row, and
+    for the single agent its scaled warm start and problems per step."""
     items = COMMON + TASKS[task] + ROW_OVERRIDES[row]
-    if row != "single_grpo":
-        items = items + TEAM_OVERRIDES.get(task, [])
-    else:
+    if row == "single_grpo":
         episodes, problems = SINGLE_SCALE[task]
         team_episodes = int(_value(items, "warmstart.episodes"))
         team_problems = int(_value(items, "rollout.problems_per_step"))
