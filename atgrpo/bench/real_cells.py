@@ -154,20 +154,21 @@ def earlier_seconds(directory: str) -> float:
         except OSError:
             return None
 
-    recorded, wall_file = 0.0, os.path.join(directory, WALL_FILE)
-    try:
-        with open(wall_file) as f:
-            recorded = float(json.load(f)["seconds"])
-    except (OSError, ValueError, KeyError):
-        pass
-    started, ckpt = mtime(os.path.join(directory, "config.yaml")), latest_checkpoint(directory)
-    finished = mtime(os.path.join(directory, "summary.json"))
-    if started is not None and finished is not None and finished > started:  # the last attempt saw its end
+    def seconds(path: str, key: str) -> float | None:
         try:
-            with open(os.path.join(directory, "summary.json")) as f:
-                return recorded + float(json.load(f)["wall_seconds"])
+            with open(path) as f:
+                return float(json.load(f)[key])
         except (OSError, ValueError, KeyError):
-            pass
+            return None
+
+    wall_file, summary_file = os.path.join(directory, WALL_FILE), os.path.join(directory, "summary.json")
+    recorded = seconds(wall_file, "seconds") or 0.0
+    started, ckpt = mtime(os.path.join(directory, "config.yaml")), latest_checkpoint(directory)
+    finished = mtime(summary_file)
+    if started is not None and finished is not None and finished > started:  # the last attempt saw its end
+        last = seconds(summary_file, "wall_seconds")
+        if last is not None:
+            return recorded + last
     kept = mtime(os.path.join(ckpt.path, MANIFEST_FILE)) if ckpt else None
     if started is not None and kept is not None and (mtime(wall_file) or 0.0) < started < kept:
         recorded += kept - started  # the last attempt left no record: killed

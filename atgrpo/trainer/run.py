@@ -162,23 +162,21 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
         started.append(True)  # the directory is the user's run: never removed
         remove_leftovers(run_dir)
         found = restore_newest_intact(run_dir, state, warn=warn)
+        done = _finished_summary(run_dir)
         if found is not None:
             ckpt, prog = found
             if ckpt.step > cfg.train.steps:
                 raise ResumeError(f"train.steps={cfg.train.steps} is below the step of the last checkpoint "
                                   f"({ckpt.step}, {ckpt.path})")
-            done = _finished_summary(run_dir)
             if done is not None and done.get("steps") == ckpt.step == cfg.train.steps:
                 say(f"atgrpo: {run_dir} already finished at step {ckpt.step}; pass train.steps=N to extend it")
                 return done
-        else:  # no checkpoint: a finished run whose checkpoints were removed is never started over in place
-            done = _finished_summary(run_dir)
-            if done is not None and done.get("steps") == cfg.train.steps:
+        elif done is not None:  # no checkpoint: a finished run whose checkpoints were removed is never started over
+            if done.get("steps") == cfg.train.steps:
                 say(f"atgrpo: {run_dir} already finished at step {cfg.train.steps} (its checkpoints were removed)")
                 return done
-            if done is not None:
-                raise ResumeError(f"{run_dir} finished at step {done.get('steps')} and holds no checkpoint to "
-                                  f"continue from (they were removed); start the longer run with another --out")
+            raise ResumeError(f"{run_dir} finished at step {done.get('steps')} and holds no checkpoint to "
+                              f"continue from (they were removed); start the longer run with another --out")
     os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
     if ckpt is not None:
         _keep_changed_config(run_dir, cfg, ckpt.step)
