@@ -242,3 +242,34 @@ def test_constant_answer_baseline_scores_fixed_answers():
     r = subprocess.run([sys.executable, "benchmarks/constant_answer.py", "sokoban", "size=5", "max_turns=3",
                         "--problems", "1", "--answers", solution, "XX"], capture_output=True, text=True, check=True)
     assert r.stdout.splitlines() == [f"{solution}: 1.00", "XX: 0.00"]
+
+
+def test_transcript_counts_by_hand(tmp_path):
+    """benchmarks/transcript_counts.py on a hand-written run directory: solved episodes, turns by local reward,
+    second turns equal to the first, samples by reward, groups holding one distinct response, programs' errors."""
+    def turn(agent, local, response):
+        return {"agent": agent, "local": local, "response": response}
+
+    episodes = [{"success": True, "transcript": [turn("coder", 1.0, "a"), turn("tester", 1.5, "t"),
+                                                 turn("coder", 1.0, "a")]},
+                {"success": False, "transcript": [turn("coder", -0.5, "b"), turn("tester", 0.0, "t"),
+                                                  turn("coder", 0.0, "c")]}]
+    (tmp_path / "eval_transcripts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    samples = [{"agent": "coder", "group": "p/0/coder", "reward": r, "response": x}
+               for r, x in [(1.0, "a"), (1.0, "a"), (-1.0, "b"), (-1.0, "b")]]
+    for s in samples[2:]:
+        s["info"] = {"stderr": "Traceback (most recent call last):\n  ...\nNameError: name 'b' is not defined\n"}
+    samples += [{"agent": "coder", "group": "p/1/coder", "reward": 0.0, "response": "a"}] * 2
+    (tmp_path / "rollouts").mkdir()
+    (tmp_path / "rollouts" / "step_3.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    r = subprocess.run([sys.executable, "benchmarks/transcript_counts.py", str(tmp_path)], capture_output=True,
+                       text=True, check=True)
+    out = json.loads(r.stdout)
+    assert set(out) == {"eval_after", "step_3"}
+    after = out["eval_after"]
+    assert (after["episodes"], after["solved"]) == (2, 1)
+    assert after["turns_by_local_reward"] == {"coder": {"-0.5": 1, "0.0": 1, "1.0": 2}, "tester": {"0.0": 1, "1.5": 1}}
+    assert after["second_turn_verbatim"] == {"coder": "1 of 2"}
+    assert out["step_3"] == {"coder": {"samples_by_reward": {"-1.0": 2, "0.0": 2, "1.0": 2}, "groups": 2,
+                                       "groups_one_response": 1,
+                                       "errors": {"NameError: name 'b' is not defined": 2}}}
