@@ -211,8 +211,13 @@ def test_policy_loss_with_kl_term():
     adv = torch.tensor([0.0])
     loss, _ = policy_loss(logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, kl_estimator="k2")
     assert loss.item() == pytest.approx(0.1 * (0.125 + 0.5) / 2)
-    loss, _ = policy_loss(logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, kl_estimator="k3")
+    loss, stats = policy_loss(logp, old, adv, mask, kl_coef=0.1, ref_logp=ref, kl_estimator="k3")
     assert loss.item() == pytest.approx(0.1 * ((math.exp(-0.5) - 0.5) + (math.e - 2)) / 2, rel=1e-5)
+    # the statistics carry the penalty's own estimate, summed over the unmasked tokens, without the coefficient
+    assert stats.ref_kl_sum == pytest.approx((math.exp(-0.5) - 0.5) + (math.e - 2), rel=1e-5)
+    _, stats = policy_loss(logp, old, adv, torch.tensor([[1.0, 0.0]]), kl_coef=0.1, ref_logp=ref, kl_estimator="k2")
+    assert stats.ref_kl_sum == pytest.approx(0.125) and stats.tokens == 1
+    assert policy_loss(logp, old, adv, mask)[1].ref_kl_sum == 0.0
     with pytest.raises(ValueError, match="ref_logp"):
         policy_loss(logp, old, adv, mask, kl_coef=0.1)
 

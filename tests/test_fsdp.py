@@ -133,6 +133,10 @@ def test_sharded_update_equals_the_single_process_update(sharded, case):
             assert getattr(got, k) == getattr(exp, k), k
         for k in ("loss", "grad_norm", "clipfrac", "approx_kl"):
             assert getattr(got, k) == pytest.approx(getattr(exp, k), rel=1e-5, abs=1e-7), k
+        if algo.kl_coef > 0:
+            assert got.ref_kl == pytest.approx(exp.ref_kl, rel=1e-5, abs=1e-7)
+        else:
+            assert got.ref_kl is None and exp.ref_kl is None
 
     names = dict(policy.model.named_parameters())
     assert set(weights) == set(names)

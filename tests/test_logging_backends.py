@@ -14,7 +14,7 @@ import yaml
 
 from atgrpo.cli import main
 from atgrpo.config import ConfigError, load_config
-from atgrpo.trainer.metrics import flatten
+from atgrpo.trainer.metrics import flatten, step_line
 
 BLOCK, HEADER = 32768, 7  # the .wandb file: a 7-byte header, then LevelDB-log records in 32 KiB blocks
 
@@ -125,3 +125,9 @@ def test_a_resumed_run_continues_the_same_wandb_and_mlflow_runs(tmp_path, fast_o
         ids["mlflow"]]
     assert [m.step for m in client.get_metric_history(ids["mlflow"], "rollout/success_rate")] == [1, 2]
     assert client.get_run(ids["mlflow"]).info.status == "FINISHED"
+
+
+def test_the_step_line_shows_the_reference_kl_only_under_a_penalty():
+    m = {"step": 3, "rollout/success_rate": 0.5, "rollout/reward/tool": 1.25, "loss/approx_kl": 0.002}
+    assert "ref-kl" not in step_line(m) and "reward tool=+1.25" in step_line(m)
+    assert "kl 0.0020 ref-kl 0.0123 |" in step_line({**m, "loss/ref_kl": 0.0123})

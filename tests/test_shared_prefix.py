@@ -190,6 +190,24 @@ def test_update_policy_same_step_either_way(budget):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=1e-4)
 
 
+def test_update_reports_the_distance_to_the_reference():
+    """With a KL penalty the update reports the penalty's mean per-token estimate: zero while the policy is its
+    reference (the first mini-batch), positive once an optimizer step has moved it; None without a penalty."""
+    base = _policy(2)
+    prompts, responses = _batch([11, 25, 6], 4, seed=7)
+    samples = _samples(prompts, responses, base)
+    got = {}
+    for minibatches, kl_coef in ((1, 0.1), (2, 0.1), (2, 0.0)):
+        policy = copy.deepcopy(base)
+        algo = AlgoConfig(minibatches=minibatches, kl_coef=kl_coef, micro_batch_size=16)
+        opt = torch.optim.SGD(policy.model.parameters(), lr=0.5)
+        got[minibatches, kl_coef] = update_policy(policy, opt, samples, algo, 1.0, torch.Generator().manual_seed(0),
+                                                  reference=copy.deepcopy(base)).ref_kl
+    assert got[1, 0.1] == pytest.approx(0.0, abs=1e-6)
+    assert got[2, 0.1] > 1e-5
+    assert got[2, 0.0] is None
+
+
 def test_minibatches_keep_prompt_groups_whole():
     """Each prompt's K responses land in one mini-batch (one prompt pass per step), every sample exactly once,
     mini-batch sizes balanced, the split a function of the generator."""

@@ -20,11 +20,13 @@ from .names import AGGREGATIONS, KL_ESTIMATORS  # noqa: F401 (the options, defin
 @dataclass
 class LossStats:
     """Sums over one batch's response tokens; a caller divides by ``tokens`` (over all its batches) to get the
-    clip fraction and the approximate KL it logs as ``clipfrac`` and ``approx_kl``."""
+    clip fraction, the approximate KL to the sampling policy and the KL penalty's estimate of the KL to the
+    reference, logged as ``clipfrac``, ``approx_kl`` and ``ref_kl``."""
 
     clipped_tokens: float  # response tokens whose ratio was clipped
     kl_sum: float  # sum of 0.5 * (logp - old_logp)^2 over the response tokens
     tokens: int
+    ref_kl_sum: float = 0.0  # sum of the KL penalty's per-token estimate (0 without a penalty)
 
 
 def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str) -> torch.Tensor:
@@ -69,13 +71,16 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Te
     if normalizer is None:
         normalizer = float(mask.sum()) if aggregation == "token-mean" else float(mask.shape[0])
     token_loss, clipped = ppo_token_loss(logp, old_logp, advantages, clip_low, clip_high)
+    ref_kl = None
     if kl_coef:
         if ref_logp is None:
             raise ValueError("kl_coef > 0 needs ref_logp (log-probs under the frozen reference policy)")
-        token_loss = token_loss + kl_coef * kl_penalty(logp, ref_logp, kl_estimator)
+        ref_kl = kl_penalty(logp, ref_logp, kl_estimator)  # (B, T)
+        token_loss = token_loss + kl_coef * ref_kl
     loss = aggregate(token_loss, mask, aggregation, normalizer)
     with torch.no_grad():
         m = mask.bool()
         stats = LossStats(clipped_tokens=float(clipped[m].float().sum()),
-                          kl_sum=float((0.5 * (logp - old_logp)[m] ** 2).sum()), tokens=int(m.sum()))
+                          kl_sum=float((0.5 * (logp - old_logp)[m] ** 2).sum()), tokens=int(m.sum()),
+                          ref_kl_sum=float(ref_kl[m].sum()) if ref_kl is not None else 0.0)
     return loss, stats

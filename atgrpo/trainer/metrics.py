@@ -178,11 +178,13 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
 
 
 def step_line(m: dict[str, Any]) -> str:
-    """The one-line console summary of a step."""
+    """The one-line console summary of a step (``ref-kl``: the distance to the KL penalty's reference, when
+    there is one)."""
     rewards = " ".join(f"{k.split('/')[-1]}={v:+.2f}" for k, v in sorted(m.items()) if k.startswith("rollout/reward/"))
+    ref_kl = f" ref-kl {m['loss/ref_kl']:.4f}" if "loss/ref_kl" in m else ""
     return (f"step {m['step']:>4} | success {m.get('rollout/success_rate', 0):.2f} | reward {rewards} | "
             f"zero-var {m.get('group/zero_variance_frac', 0):.2f} | loss {m.get('loss/pg', 0):+.4f} "
-            f"clip {m.get('loss/clipfrac', 0):.3f} kl {m.get('loss/approx_kl', 0):.4f} | "
+            f"clip {m.get('loss/clipfrac', 0):.3f} kl {m.get('loss/approx_kl', 0):.4f}{ref_kl} | "
             f"{m.get('perf/tokens_per_s', 0):.0f} tok/s | {m.get('time/step', 0):.1f}s")
 
 

@@ -48,6 +48,8 @@ class StepResult:
         for pid, u in self.updates.items():
             for k in ("loss", "clipfrac", "approx_kl", "grad_norm", "samples", "optimizer_steps", "skipped_nonfinite"):
                 m[f"update/{pid}/{k}"] = float(getattr(u, k))
+            if u.ref_kl is not None:
+                m[f"update/{pid}/ref_kl"] = u.ref_kl
         m.update(rollout_metrics(self.samples, self.episodes))
         for u in self.updates.values():
             m.update(u.logprob_gap)  # rollouts from another sampler: how far its log-probs were from the trainer's
@@ -58,6 +60,9 @@ class StepResult:
         for k in ("loss", "clipfrac", "approx_kl"):  # sample-weighted over policies
             m[f"loss/{'pg' if k == 'loss' else k}"] = (
                 sum(float(getattr(u, k)) * u.samples for u in self.updates.values()) / max(1.0, weight))
+        penalised = [u for u in self.updates.values() if u.ref_kl is not None]
+        if penalised:  # algo.kl_coef > 0: how far the policies have moved from the reference
+            m["loss/ref_kl"] = sum(u.ref_kl * u.samples for u in penalised) / max(1.0, sum(u.samples for u in penalised))
         gen_tokens = sum(len(s.response_ids) for s in self.samples)
         upd_tokens = sum(u.tokens for u in self.updates.values())
         t = self.timings

@@ -32,6 +32,7 @@ class UpdateStats:
     loss: float = 0.0
     clipfrac: float = 0.0
     approx_kl: float = 0.0
+    ref_kl: float | None = None  # the KL penalty's estimate of KL(policy || reference); None without a penalty
     grad_norm: float = 0.0
     tokens: int = 0
     samples: int = 0
@@ -239,7 +240,7 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
     stats = UpdateStats(samples=n_samples)
     policy.model.train()
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
+    loss_sum, clip_sum, kl_sum, ref_kl_sum = 0.0, 0.0, 0.0, 0.0
     micros = [micro_batches(mb, algo) if mb else [] for mb in shards]
     passes = equal_passes([len(m) for m in micros]) if equal_passes is not None else [len(m) for m in micros]
     gap = LogprobGap()
@@ -253,17 +254,19 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
         stats.rescore_s = time.perf_counter() - t
     for mb_micros, n_passes, normalizer in zip(micros, passes, normalizers):
         optimizer.zero_grad(set_to_none=True)
-        local = [0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens
+        local = [0.0, 0.0, 0.0, 0.0, 0.0]  # this rank's loss, clipped tokens, kl sum, tokens, reference-kl sum
         for micro in mb_micros:
             loss_value, ls = backward_micro_batch(policy, micro, normalizer, algo, temperature, reference, gap=gap)
-            local = [local[0] + loss_value, local[1] + ls.clipped_tokens, local[2] + ls.kl_sum, local[3] + ls.tokens]
+            local = [local[0] + loss_value, local[1] + ls.clipped_tokens, local[2] + ls.kl_sum, local[3] + ls.tokens,
+                     local[4] + ls.ref_kl_sum]
         for _ in range(n_passes - len(mb_micros)):
             backward_micro_batch(policy, [padding_sample()], normalizer, algo, temperature, reference, weight=0.0)
         if equal_passes is not None:  # the backward passes summed the gradients already
-            mb_loss, clip, kl, tokens = _allreduce_stats(local, allreduce, params[0].device)
+            mb_loss, clip, kl, tokens, ref_kl = _allreduce_stats(local, allreduce, params[0].device)
         else:
-            mb_loss, clip, kl, tokens = _allreduce_grads(params, local, allreduce)
+            mb_loss, clip, kl, tokens, ref_kl = _allreduce_grads(params, local, allreduce)
         clip_sum, kl_sum, stats.tokens = clip_sum + clip, kl_sum + kl, stats.tokens + int(round(tokens))
+        ref_kl_sum += ref_kl
         grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.model.parameters(), algo.grad_clip))
         if not (math.isfinite(mb_loss) and math.isfinite(grad_norm)):
             optimizer.zero_grad(set_to_none=True)
@@ -279,6 +282,8 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
     stats.loss = loss_sum / max(1, stats.optimizer_steps)
     stats.clipfrac = clip_sum / max(1, stats.tokens)
     stats.approx_kl = kl_sum / max(1, stats.tokens)
+    if algo.kl_coef > 0:
+        stats.ref_kl = ref_kl_sum / max(1, stats.tokens)
     stats.logprob_gap = gap.pop()
     optimizer.zero_grad(set_to_none=True)
     return stats
