@@ -192,6 +192,27 @@ def test_sudoku_rewards():
     assert res.reward.local == pytest.approx(-0.1) and env.board == before and res.info["violations"] == 1
 
 
+def test_sudoku_stall_penalty_scores_no_progress_as_unreadable():
+    """The same answers with and without ``stall_penalty``: only those that leave no more cells right (and do not
+    solve) change, to FORMAT_PENALTY, and a crash-level score is never raised."""
+    for stall in (False, True):
+        env = SudokuEnv(roles=("plan",), stall_penalty=stall)
+        env.reset(2)
+        n, sol, giv = env.n, env.solution, env.givens
+        empty = [i for i in range(n * n) if not giv[i]]
+        res = env.step(slash(giv, n))  # the board printed back: parses, changes nothing
+        assert res.info["stalled"] and res.reward.local == pytest.approx(-1.0 if stall else 0.0)
+        i = empty[0]
+        res = env.step(f"[({i // n}, {i % n}, {sol[i]})]")  # progress: scored as before
+        assert not res.info["stalled"] and res.reward.local == pytest.approx(0.1)
+        res = env.step(f"[({i // n}, {i % n}, 0)]")  # erasing it again: a step back
+        assert res.info["stalled"] and res.reward.local == pytest.approx(-1.0 if stall else -0.1)
+    env = SudokuEnv(stall_penalty=True)
+    env.reset(4)
+    res = env.step(slash(env.solution, 4))  # the tool's solving proposal keeps its bonus
+    assert not res.info["stalled"] and res.reward.local == pytest.approx(0.1 * env.holes + 2.0)
+
+
 def test_sudoku_grid_ignoring_givens_rejected():
     env = SudokuEnv(roles=("plan",))
     for seed in range(20):

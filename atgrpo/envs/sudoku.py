@@ -25,7 +25,10 @@ violation - 0.2 per fill on a given, +2 when the board is solved after the actio
 ``REJECT_PENALTY`` and an unparsable answer ``FORMAT_PENALTY`` (added to the rest when only part of the text
 parsed; in code mode a program that crashes, times out or prints nothing readable also scores it). Solved
 means the board equals the unique solution, so a valid grid that ignores the givens never counts.
-``team`` = 1.0 when the real puzzle is solved after the step, else 0.0.
+``team`` = 1.0 when the real puzzle is solved after the step, else 0.0. With ``stall_penalty=True`` an action
+that parses but leaves the board no closer to the solution (no more cells right than before, not solved)
+scores ``FORMAT_PENALTY`` too, as a crash does: a program that runs and prints the board back is then no safe
+harbour for a tool whose sampled programs mostly crash (off by default).
 
 Expert action: the solution, as a slash grid in the compact style and as fills of the cells that differ from the
 solution (wrong cells erased first) in the chat style; in code mode the tool writes a backtracking solver that
@@ -227,16 +230,16 @@ class SudokuEnv(ProposeExecuteGame):
 
     def __init__(self, size: int = 4, max_turns: int = 4, style: str = "compact", split: str = "train",
                  roles: tuple[str, ...] | None = None, holes: int | None = None, tool_mode: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT):
+                 timeout: float = DEFAULT_TIMEOUT, stall_penalty: bool = False):
         """``tool_mode``: ``code`` | ``direct`` (default: code for chat, direct for compact); ``timeout``:
-        seconds per tool program."""
+        seconds per tool program; ``stall_penalty``: score an action that makes no progress as unreadable."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if size not in DEFAULT_HOLES:
             raise ValueError(f"sudoku size must be 4 or 9, got {size}")
         holes = DEFAULT_HOLES[size] if holes is None else holes
         if not 1 <= holes <= MAX_HOLES[size]:
             raise ValueError(f"sudoku size {size} needs 1 <= holes <= {MAX_HOLES[size]}, got {holes}")
-        self.n, self.holes, self.split = size, holes, split
+        self.n, self.holes, self.split, self.stall_penalty = size, holes, split, stall_penalty
         self._setup_tool(tool_mode, timeout, style)
 
     # ---- episode --------------------------------------------------------------------------------------
@@ -294,9 +297,13 @@ class SudokuEnv(ProposeExecuteGame):
 
     def _simulate(self, action: tuple[str, list]) -> tuple[Board, float, dict[str, Any]]:
         """``simulate`` on the real board; the stats also say whether the action was ``consistent`` (no grid
-        rejected, no fill refused)."""
+        rejected, no fill refused) and whether it ``stalled`` (no cell more right, not solved; scored as
+        ``FORMAT_PENALTY`` under ``stall_penalty``)."""
         new, local, stats = self.simulate(self.board, *action)
         stats["consistent"] = not (stats["rejected"] or stats["given_fills"] or stats["violations"])
+        stats["stalled"] = self._correct(new) <= self._correct(self.board) and tuple(new) != self.solution
+        if self.stall_penalty and stats["stalled"]:
+            local = min(local, FORMAT_PENALTY)
         return new, local, stats
 
     def _proposal(self, action: tuple[str, list], new: Board, stats: dict[str, Any]) -> tuple[str, str]:
