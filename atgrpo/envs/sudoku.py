@@ -266,7 +266,7 @@ class SudokuEnv(ProposeExecuteGame):
     def simulate(self, board: Board, kind: str, payload: list) -> tuple[Board, float, dict[str, Any]]:
         """Apply a parsed action to a copy of ``board``: (new board, reward without format penalty, stats)."""
         n, new = self.n, list(board)
-        stats: dict[str, Any] = {"rejected": False, "given_fills": 0, "violations": 0, "applied": 0}
+        stats: dict[str, Any] = {"rejected": False, "given_fills": 0, "violations": 0, "applied": 0, "gained": 0}
         if kind == "grid":
             if any(self.givens[i] and v and v != self.givens[i] for i, v in enumerate(payload)):
                 stats["rejected"] = True
@@ -284,7 +284,8 @@ class SudokuEnv(ProposeExecuteGame):
             else:
                 new[i] = v
                 stats["applied"] += 1
-        reward = PROGRESS * (self._correct(new) - self._correct(board))
+        stats["gained"] = self._correct(new) - self._correct(board)  # cells right now that were not before
+        reward = PROGRESS * stats["gained"]
         reward -= GIVEN_PENALTY * stats["given_fills"] + VIOLATION_PENALTY * stats["violations"]
         if tuple(new) == self.solution and tuple(board) != self.solution:
             reward += SOLVE_BONUS
@@ -301,7 +302,7 @@ class SudokuEnv(ProposeExecuteGame):
         ``FORMAT_PENALTY`` under ``stall_penalty``)."""
         new, local, stats = self.simulate(self.board, *action)
         stats["consistent"] = not (stats["rejected"] or stats["given_fills"] or stats["violations"])
-        stats["stalled"] = self._correct(new) <= self._correct(self.board) and tuple(new) != self.solution
+        stats["stalled"] = stats["gained"] <= 0 and tuple(new) != self.solution
         if self.stall_penalty and stats["stalled"]:
             local = min(local, FORMAT_PENALTY)
         return new, local, stats
