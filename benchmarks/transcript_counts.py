@@ -2,7 +2,9 @@
 
 For the held-out evaluations (``eval_transcripts_start.jsonl``, before RL; ``eval_transcripts.jsonl``, after):
 episodes solved, each agent's turns by local reward, and how many of an agent's second turns repeat its first
-word for word (a coder that does not revise). For each dumped rollout step (``rollouts/step_<n>.jsonl``): each
+word for word (a coder that does not revise); in the move games (Plan-Path, Sokoban), how often the plan agent's
+first answer copies the tool's proposal (its last line's moves equal the proposed list), by the proposal's length
+(the habit that sets these teams' start). For each dumped rollout step (``rollouts/step_<n>.jsonl``): each
 agent's samples by reward, its groups, how many groups hold one distinct response only (no gradient), and the
 programs' errors (the last line of a sample's stderr, for tool agents that run code).
 docs/results.md quotes these counts for the real-model table's cells.
@@ -24,6 +26,25 @@ from typing import Any
 from atgrpo.runs import read_jsonl
 
 EVAL_FILES = {"before": "eval_transcripts_start.jsonl", "after": "eval_transcripts.jsonl"}
+PROPOSED = re.compile(r"proposed \[([^\]]*)\]")  # the move games' plan prompt: "Tool agent proposed [R, D]; ..."
+MOVE = re.compile(r"[UDLR]")
+
+
+def plan_copies(episodes: list[dict[str, Any]]) -> dict[str, str]:
+    """Per proposal length (moves), "copies of first turns": the first-turn plan answers whose last non-empty
+    line spells the tool's proposed moves; empty where no plan prompt shows a proposal (not a move game)."""
+    by_length: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for episode in episodes:
+        for turn in episode["transcript"]:
+            first_plan = turn.get("turn") == 0 and turn["agent"] == "plan"
+            match = PROPOSED.search(turn.get("prompt", "")) if first_plan else None
+            if match:
+                proposed = MOVE.findall(match.group(1))
+                lines = [line for line in turn["response"].splitlines() if line.strip()]
+                counts = by_length[len(proposed)]
+                counts[1] += 1
+                counts[0] += bool(lines) and MOVE.findall(lines[-1]) == proposed
+    return {str(n): f"{same} of {seen}" for n, (same, seen) in sorted(by_length.items())}
 
 
 def eval_counts(episodes: list[dict[str, Any]], agent: str | None) -> dict[str, Any]:
@@ -42,7 +63,8 @@ def eval_counts(episodes: list[dict[str, Any]], agent: str | None) -> dict[str, 
                 repeats[name][0] += said[0] == said[1]
     return {"episodes": len(episodes), "solved": sum(bool(e["success"]) for e in episodes),
             "turns_by_local_reward": {a: dict(sorted(c.items())) for a, c in by_reward.items()},
-            "second_turn_verbatim": {a: f"{same} of {two}" for a, (same, two) in repeats.items()}}
+            "second_turn_verbatim": {a: f"{same} of {two}" for a, (same, two) in repeats.items()},
+            "plan_copies_by_proposal_length": plan_copies(episodes)}
 
 
 def rollout_counts(samples: list[dict[str, Any]], agent: str | None) -> dict[str, Any]:

@@ -244,6 +244,22 @@ def test_constant_answer_baseline_scores_fixed_answers():
     assert r.stdout.splitlines() == [f"{solution}: 1.00", "XX: 0.00"]
 
 
+def test_transcript_counts_plan_copies_by_hand(tmp_path):
+    """The move games' first-turn plan answers that copy the tool's proposal, by its length: a copy in another
+    format counts, a shorter list or a copy in a later turn does not."""
+    def plan(turn, proposed, response):
+        prompt = f"...\nTool agent proposed [{', '.join(proposed)}]; simulated from the current position ..."
+        return {"turn": turn, "agent": "plan", "prompt": prompt, "response": response, "local": 0.0}
+
+    episodes = [{"success": True, "transcript": [plan(0, "RRD", "Copying it.\n[R, R, D]\n")]},
+                {"success": False, "transcript": [plan(0, "RRD", "RRDL"), plan(1, "D", "D")]},
+                {"success": True, "transcript": [plan(0, "UULLD", "UULLD")]}]
+    (tmp_path / "eval_transcripts_start.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    r = subprocess.run([sys.executable, "benchmarks/transcript_counts.py", str(tmp_path)], capture_output=True,
+                       text=True, check=True)
+    assert json.loads(r.stdout)["eval_before"]["plan_copies_by_proposal_length"] == {"3": "1 of 2", "5": "1 of 1"}
+
+
 def test_transcript_counts_by_hand(tmp_path):
     """benchmarks/transcript_counts.py on a hand-written run directory: solved episodes, turns by local reward,
     second turns equal to the first, samples by reward, groups holding one distinct response, programs' errors."""
@@ -270,6 +286,7 @@ def test_transcript_counts_by_hand(tmp_path):
     assert (after["episodes"], after["solved"]) == (2, 1)
     assert after["turns_by_local_reward"] == {"coder": {"-0.5": 1, "0.0": 1, "1.0": 2}, "tester": {"0.0": 1, "1.5": 1}}
     assert after["second_turn_verbatim"] == {"coder": "1 of 2"}
+    assert after["plan_copies_by_proposal_length"] == {}  # no move game
     assert out["step_3"] == {"coder": {"samples_by_reward": {"-1.0": 2, "0.0": 2, "1.0": 2}, "groups": 2,
                                        "groups_one_response": 1,
                                        "errors": {"NameError: name 'b' is not defined": 2}}}

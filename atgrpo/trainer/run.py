@@ -139,6 +139,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
         if run.state.step == 0 and run.before_episodes is not None:  # train.steps=0: the policies evaluated before
             after, episodes = run.before, run.before_episodes
         else:
+            run.say(f"eval after: {cfg.eval.problems} held-out problems ...")
             after, episodes = run_eval(run.state, cfg.seed)
         run.evals.append((cfg.train.steps, after["success_rate"]))
         run.logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
@@ -213,8 +214,10 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     if cfg.algo.kl_coef > 0:
         state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
         save_references(run_dir, state)
+    t = time.time()
+    say(f"eval before: {cfg.eval.problems} held-out problems, one greedy episode each ...")
     before, episodes = run_eval(state, cfg.seed)
-    say(f"eval before: success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
+    say(f"eval before ({time.time() - t:.0f}s): success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
     summary["eval_before"] = before
     run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say,
               before_episodes=episodes)
