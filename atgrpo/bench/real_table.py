@@ -53,11 +53,12 @@ TASKS: dict[str, list[str]] = {
              "train.checkpoint_every=6"],
     # 8x8 grids, walls 0.3, start and goal at least 8 moves apart: the best of 100 random fixed answers solves
     # 10 % of 200 held-out grids (7x7: 6-10 %; without min_moves 17-24 %: docs/results.md). The expert's program
-    # is 342 SmolLM2 tokens at most. 7x7 started the team at 0.74 and 0.58 (seeds 0, 1): above 0.6, and
-    # what kept it there was the plan agent copying the tool's (right) proposal; on 8x8 the proposals are longer
-    # and copied less often (starts 0.32 and 0.84, the tool right in 47-48 of 50 first turns at both). The warm start at lr 1e-3 (10 episodes, the default 20-step warm-up) was a coin toss
-    # (starts 0.58, 0.66, 0.00); Sudoku's reliable one (12 episodes, lr 3e-4 over a 3-step warm-up) taught the
-    # program to both seeds probed (0.72 and 0.60 in 3 turns), and the plan agent then changes the tool's right
+    # is 342 SmolLM2 tokens at most. 7x7 started the team at 0.74 and 0.58 (seeds 0, 1), above 0.6: the start is
+    # set by the plan agent copying the tool's (right) proposal, and on 8x8 the proposals are longer and copied
+    # less often (starts 0.32 and 0.84, the tool right in 47-48 of 50 first turns at both). The warm start at lr
+    # 1e-3 (10 episodes, the default 20-step warm-up) was a coin toss (starts 0.58, 0.66, 0.00);
+    # Sudoku's reliable one (12 episodes, lr 3e-4 over a 3-step warm-up) taught the program to both seeds probed
+    # (0.72 and 0.60 in 3 turns), and the plan agent then changes the tool's right
     # proposal in the first turn (solved by turn 1: 0.16, 0.40; by turn 2: 0.52, 0.60), which RL can fix: so two
     # turns. But in the table's seed-1 cell that one epoch left the program unlearned (warm-start loss 0.34 against
     # 0.26-0.28 where it was learned; every held-out program a syntax error, start 0.00): so two epochs, as

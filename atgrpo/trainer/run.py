@@ -217,7 +217,8 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     t = time.time()
     say(f"eval before: {cfg.eval.problems} held-out problems, one greedy episode each ...")
     before, episodes = run_eval(state, cfg.seed)
-    say(f"eval before ({time.time() - t:.0f}s): success {before['success_rate']:.3f} on {int(before['problems'])} held-out problems")
+    say(f"eval before ({time.time() - t:.0f}s): success {before['success_rate']:.3f} on "
+        f"{int(before['problems'])} held-out problems")
     summary["eval_before"] = before
     run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say,
               before_episodes=episodes)
