@@ -334,3 +334,29 @@ def test_a_partial_run_from_another_config_is_moved_aside_not_resumed(tmp_path):
     reason = retire_stale_run(str(run), cfg, has_result=False)
     assert "algo.warmup_steps, warmstart.lr" in reason and not run.exists()
     assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["seed1.stale"]
+
+
+def _row(*vals):
+    import statistics
+    return {"n": len(vals), "mean": statistics.fmean(vals) if vals else None,
+            "std": statistics.pstdev(vals) if vals else None}
+
+
+def test_conditions_by_hand():
+    """Plan-Path's three seeds (MAS 0.32, 0.84, 0.84: mean 2/3, pstd 0.2451) against L1 0.84, 0.90, 0.78 (mean 0.84,
+    pstd 0.049) and L3 0.92, 0.82 (0.87, 0.05): L3 is the better RL row, 0.87 - 0.6667 = 0.2033 < 0.2451 (the
+    larger std, MAS's) so not above MAS; above single + GRPO (0, 0) by 0.87 > 0.05; start 0.667 > 0.6."""
+    from atgrpo.bench.real_report import conditions
+
+    rows = {"single_grpo": _row(0.0, 0.0), "mas": _row(0.32, 0.84, 0.84), "mas_L1": _row(0.84, 0.90, 0.78),
+            "mas_L3": _row(0.92, 0.82)}
+    c = conditions(rows)
+    assert c["best_rl_row"] == "mas_L3"
+    assert c["above_single_grpo"] == {"met": True, "gap": 0.87, "std": 0.05}
+    assert c["above_mas"] == {"met": False, "gap": 0.2033, "std": 0.2451}
+    assert c["mas_start"] == {"met": False, "mean": 0.6667}
+    # two seeds of MAS at 0.32 and 0.84: start 0.58 meets the cap; a row with one seed decides nothing
+    rows["mas"] = _row(0.32, 0.84)
+    assert conditions(rows)["mas_start"]["met"] is True and conditions(rows)["above_mas"]["met"] is True
+    rows["mas_L1"], rows["mas_L3"] = _row(0.9), _row()
+    assert conditions(rows)["above_mas"] is None and conditions(rows)["best_rl_row"] == "mas_L1"

@@ -4,6 +4,7 @@
 Per task and row: each seed's held-out success (an RL row: after RL; a no-RL row: its RL cell's evaluation
 before RL), that cell's start value, precision, CPU, wall time, held-out problems and sampled responses; the
 mean and std (population) over the seeds present. A cell not yet run is absent, and listed under ``missing``.
+Per task, the table's three conditions (``conditions``), judged from those means and stds.
 """
 
 from __future__ import annotations
@@ -16,6 +17,32 @@ from typing import Any
 from .real_table import NO_RL_SOURCE, ROW_TITLES, ROWS, TASKS, select
 
 COMMAND = "atgrpo bench real-table"
+START_CAP = 0.6  # the team without RL must start at or below this
+RL_ROWS = ("mas_L1", "mas_L3")
+
+
+def _above(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any] | None:
+    """Row ``a`` above row ``b`` by more than one std of the seeds (the larger of the two rows' population
+    stds, so neither row's spread is ignored); None while either row has fewer than two seeds."""
+    if a["n"] < 2 or b["n"] < 2:
+        return None
+    gap, std = a["mean"] - b["mean"], max(a["std"], b["std"])
+    return {"met": gap > std, "gap": round(gap, 4), "std": round(std, 4)}
+
+
+def conditions(task_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One task's column against the table's three conditions: the better RL row (shared or per role, by
+    mean) above single agent + GRPO (``above_single_grpo``) and above the team without RL (``above_mas``) by
+    more than one std of the seeds, and the team without RL at or below ``START_CAP`` (``mas_start``). Each
+    is None while its rows lack two seeds."""
+    runs = [r for r in RL_ROWS if task_rows[r]["n"]]
+    best = max(runs, key=lambda r: task_rows[r]["mean"]) if runs else None
+    mas = task_rows["mas"]
+    return {"best_rl_row": best,
+            "above_single_grpo": _above(task_rows[best], task_rows["single_grpo"]) if best else None,
+            "above_mas": _above(task_rows[best], mas) if best else None,
+            "mas_start": ({"met": mas["mean"] <= START_CAP, "mean": round(mas["mean"], 4)}
+                          if mas["n"] >= 2 else None)}
 
 
 def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None, stale: list[str] = ()) -> dict[str, Any]:
@@ -44,7 +71,8 @@ def assemble(cells: list[dict[str, Any]], seeds: list[int] | None = None, stale:
                                 "std": statistics.pstdev(vals) if vals else None}
     missing = [c.name for c in select(None, None, seeds) if (c.task, c.row, c.seed) not in by_key]
     return {"command": COMMAND, "model": "SmolLM2-135M-Instruct (model.preset=smollm2-135m)",
-            "tasks": list(TASKS), "rows": list(ROWS), "table": table, "missing": missing, "stale": list(stale),
+            "tasks": list(TASKS), "rows": list(ROWS), "table": table,
+            "conditions": {t: conditions(table[t]) for t in TASKS}, "missing": missing, "stale": list(stale),
             "wall_seconds_total": sum(c["wall_seconds"] for c in cells)}
 
 
@@ -60,6 +88,20 @@ def markdown(data: dict[str, Any]) -> str:
             c = data["table"][task][row]
             vals.append(f"{100 * c['mean']:.1f} ± {100 * c['std']:.1f} ({c['n']})" if c["n"] else "-")
         lines.append(f"| {ROW_TITLES[row]} | " + " | ".join(vals) + " |")
+    lines += ["", "The table's conditions per column (better RL row; a gap must exceed the larger std of the two rows; "
+              f"the team without RL must start at or below {START_CAP}):", "",
+              "| condition | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+    conds = data["conditions"]
+    lines.append("| better RL row | " + " | ".join(conds[t]["best_rl_row"] or "-" for t in tasks) + " |")
+    for key, title in (("above_single_grpo", "above single agent + GRPO"), ("above_mas", "above MAS (no RL)")):
+        lines.append(f"| {title} | " + " | ".join(_verdict(conds[t][key], "gap {gap:.2f} vs std {std:.2f}")
+                                                 for t in tasks) + " |")
+    lines.append("| MAS (no RL) <= 0.6 | " + " | ".join(_verdict(conds[t]["mas_start"], "mean {mean:.2f}")
+                                                      for t in tasks) + " |")
+    met = sum(all(conds[t][k] and conds[t][k]["met"] for k in ("above_single_grpo", "above_mas")) for t in tasks)
+    starts = sum(bool(conds[t]["mas_start"] and conds[t]["mas_start"]["met"]) for t in tasks)
+    lines += ["", f"Columns with the RL row above both baselines: {met} of {len(tasks)} (4 needed); "
+              f"columns starting at or below {START_CAP}: {starts} of {len(tasks)} (all needed)."]
     cells = sorted({(t, r["from"].split()[0], s, v["precision"], v["cpu"], v["wall_seconds"])
                     for t in tasks for r in data["table"][t].values() for s, v in r["seeds"].items()})
     if cells:
@@ -71,6 +113,10 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", f"Stale, run with an earlier config and left out ({len(data['stale'])} cells): "
                   + ", ".join(data["stale"])]
     return "\n".join(lines) + "\n"
+
+
+def _verdict(c: dict[str, Any] | None, detail: str) -> str:
+    return "- (under 2 seeds)" if c is None else ("yes" if c["met"] else "no") + " (" + detail.format(**c) + ")"
 
 
 def plot_curves(data: dict[str, Any], path: str) -> None:
