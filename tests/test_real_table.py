@@ -337,15 +337,15 @@ def test_a_partial_run_from_another_config_is_moved_aside_not_resumed(tmp_path):
 
 
 def _row(*vals):
-    import statistics
-    return {"n": len(vals), "mean": statistics.fmean(vals) if vals else None,
-            "std": statistics.pstdev(vals) if vals else None}
+    from atgrpo.bench.real_report import summarize
+
+    return summarize(list(vals))
 
 
 def test_conditions_by_hand():
-    """Plan-Path's three seeds (MAS 0.32, 0.84, 0.84: mean 2/3, pstd 0.2451) against L1 0.84, 0.90, 0.78 (mean 0.84,
-    pstd 0.049) and L3 0.92, 0.82 (0.87, 0.05): L3 is the better RL row, 0.87 - 0.6667 = 0.2033 < 0.2451 (the
-    larger std, MAS's) so not above MAS; above single + GRPO (0, 0) by 0.87 > 0.05; start 0.667 > 0.6."""
+    """Plan-Path's three seeds (MAS 0.32, 0.84, 0.84: mean 2/3, pstd 0.2451) against L1 0.84, 0.90, 0.78
+    (mean 0.84, pstd 0.049) and L3 0.92, 0.82 (0.87, 0.05): L3 is the better RL row, 0.87 - 0.6667 = 0.2033 <
+    0.2451 (the larger std, MAS's) so not above MAS; above single + GRPO (0, 0) by 0.87 > 0.05; start 0.667 > 0.6."""
     from atgrpo.bench.real_report import conditions
 
     rows = {"single_grpo": _row(0.0, 0.0), "mas": _row(0.32, 0.84, 0.84), "mas_L1": _row(0.84, 0.90, 0.78),

@@ -55,7 +55,8 @@ TASKS: dict[str, list[str]] = {
     # 10 % of 200 held-out grids (7x7: 6-10 %; without min_moves 17-24 %: docs/results.md). The expert's program
     # is 342 SmolLM2 tokens at most. 7x7 started the team at 0.74 and 0.58 (seeds 0, 1), above 0.6: the start is
     # set by the plan agent copying the tool's (right) proposal, and on 8x8 the proposals are longer and copied
-    # less often (starts 0.32 and 0.84, the tool right in 47-48 of 50 first turns at both). The warm start at lr
+    # less often (starts 0.32, 0.84, 0.84 at seeds 0-2, the tool right in 47-48 of 50 first turns at seeds 0-1;
+    # still 0.67 in the mean: 9x9 probes in docs/results.md, "Plan-Path's third seed"). The warm start at lr
     # 1e-3 (10 episodes, the default 20-step warm-up) was a coin toss (starts 0.58, 0.66, 0.00);
     # Sudoku's reliable one (12 episodes, lr 3e-4 over a 3-step warm-up) taught the program to both seeds probed
     # (0.72 and 0.60 in 3 turns), and the plan agent then changes the tool's right
