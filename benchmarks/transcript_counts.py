@@ -7,7 +7,7 @@ first answer copies the tool's proposal (its last line's moves equal the propose
 (the habit that sets these teams' start). For each dumped rollout step (``rollouts/step_<n>.jsonl``): each
 agent's samples by reward, its groups, how many groups hold one distinct response only (no gradient), and the
 programs' errors (the last line of a sample's stderr, for tool agents that run code).
-docs/results.md quotes these counts for the real-model table's cells.
+docs/results/real/journal.md quotes these counts for the real-model table's cells.
 
     python benchmarks/transcript_counts.py runs_real/table/code/mas_L3/seed0
     python benchmarks/transcript_counts.py runs_real/diag/sudoku_nostd_t03_s0 --agent tool

@@ -51,22 +51,21 @@ TASKS: dict[str, list[str]] = {
              "rollout.temperature=1.0", "rollout.max_new_tokens=40", "algo.lr=1.0e-5", "warmstart.episodes=24",
              "warmstart.noise=0.3", "warmstart.lr=1.0e-4", "eval.problems=50", "eval.every=6", "train.steps=12",
              "train.checkpoint_every=6"],
-    # 8x8 grids, walls 0.3, start and goal at least 8 moves apart: the best of 100 random fixed answers solves
-    # 10 % of 200 held-out grids (7x7: 6-10 %; without min_moves 17-24 %: docs/results.md). The expert's program
-    # is 342 SmolLM2 tokens at most. 7x7 started the team at 0.74 and 0.58 (seeds 0, 1), above 0.6: the start is
-    # set by the plan agent copying the tool's (right) proposal, and on 8x8 the proposals are longer and copied
-    # less often (starts 0.32, 0.84, 0.84 at seeds 0-2, the tool right in 47-48 of 50 first turns at seeds 0-1;
-    # still 0.67 in the mean). So 9x9 with start and goal at least 10 moves apart: the best of 100 fixed answers
-    # solves 5 % of 200 held-out grids, the expert's program is at most 348 tokens and the longest shortest path 24
-    # moves, and the untrained team started at 0.56, 0.38, 0.62 (seeds 0-2; docs/results.md, "Plan-Path's third
-    # seed"). The warm start at lr
-    # 1e-3 (10 episodes, the default 20-step warm-up) was a coin toss (starts 0.58, 0.66, 0.00);
-    # Sudoku's reliable one (12 episodes, lr 3e-4 over a 3-step warm-up) taught the program to both seeds probed
-    # (0.72 and 0.60 in 3 turns), and the plan agent then changes the tool's right
-    # proposal in the first turn (solved by turn 1: 0.16, 0.40; by turn 2: 0.52, 0.60), which RL can fix: so two
-    # turns. But in the table's seed-1 cell that one epoch left the program unlearned (warm-start loss 0.34 against
-    # 0.26-0.28 where it was learned; every held-out program a syntax error, start 0.00): so two epochs, as
-    # Sokoban's. RL: lr warm-up over 4 optimizer steps as Sudoku's (below)
+    # 8x8 grids, walls 0.3, start and goal at least 8 moves apart: the best of 100 random fixed answers solves 10 %
+    # of 200 held-out grids (7x7: 6-10 %; without min_moves 17-24 %: docs/results/real/journal.md). The expert's
+    # program is 342 SmolLM2 tokens at most. 7x7 started the team at 0.74 and 0.58 (seeds 0, 1), above 0.6: the
+    # start is set by the plan agent copying the tool's (right) proposal, and on 8x8 the proposals are longer and
+    # copied less often (starts 0.32, 0.84, 0.84 at seeds 0-2, the tool right in 47-48 of 50 first turns at seeds
+    # 0-1; still 0.67 in the mean). So 9x9 with start and goal at least 10 moves apart: the best of 100 fixed
+    # answers solves 5 % of 200 held-out grids, the expert's program is at most 348 tokens and the longest shortest
+    # path 24 moves, and the untrained team started at 0.56, 0.38, 0.62 (seeds 0-2; docs/results/real/journal.md,
+    # "Plan-Path"). The warm start at lr 1e-3 (10 episodes, the default 20-step warm-up) was a coin toss (starts
+    # 0.58, 0.66, 0.00); Sudoku's reliable one (12 episodes, lr 3e-4 over a 3-step warm-up) taught the program to
+    # both seeds probed (0.72 and 0.60 in 3 turns), and the plan agent then changes the tool's right proposal in the
+    # first turn (solved by turn 1: 0.16, 0.40; by turn 2: 0.52, 0.60), which RL can fix: so two turns. But in the
+    # table's seed-1 cell that one epoch left the program unlearned (warm-start loss 0.34 against 0.26-0.28 where it
+    # was learned; every held-out program a syntax error, start 0.00): so two epochs, as Sokoban's. RL: lr warm-up
+    # over 4 optimizer steps as Sudoku's (below)
     "plan_path": ["env.name=plan_path", "env.kwargs={size: 9, wall_prob: 0.3, min_moves: 10, max_turns: 2, "
                   "tool_mode: code, timeout: 2.0}", "model.max_prompt_tokens=2048", "rollout.K=4",
                   "rollout.problems_per_step=4", "rollout.temperature=0.7", "rollout.max_new_tokens=380",
@@ -74,14 +73,14 @@ TASKS: dict[str, list[str]] = {
                   "warmstart.episodes=12", "warmstart.epochs=2", "warmstart.noise=0.3",
                   "warmstart.lr=3.0e-4", "warmstart.warmup_steps=3", "eval.problems=50", "eval.every=0",
                   "train.steps=5", "train.checkpoint_every=1"],
-    # 6x6 rooms with two boxes: the best fixed answer found solves 5 % of the held-out rooms (7x7 with one box: 14 %;
-    # docs/results.md, "The real-model table"). The expert's search program is up to 490 tokens (628 with the
-    # dead-square pruning it had first; benchmarks/expert_program_tokens.py), so each sampled program is long:
-    # few problems and steps, two turns. Warm start (seed 0, 20 held-out rooms; docs/results.md): one epoch of 24
-    # episodes at lr 1e-3 under the default 20-step warm-up (10 optimizer steps, peak 0.15x lr) solved 0 (every
-    # program a syntax error); at the full 1e-3 (2-step warm-up) with each demonstration weighted the same, 0 (empty
-    # answers); two epochs at lr 3e-4 over a 3-step warm-up (20 steps), 0.65 (the tool right in every first
-    # turn). RL: lr warm-up over 4 optimizer steps as Sudoku's (below)
+    # 6x6 rooms with two boxes: the best fixed answer found solves 5 % of the held-out rooms (7x7 with one box: 14
+    # %; docs/results/real/journal.md, "Settings chosen before the first cells"). The expert's search program is up
+    # to 490 tokens (628 with the dead-square pruning it had first; benchmarks/expert_program_tokens.py), so each
+    # sampled program is long: few problems and steps, two turns. Warm start (seed 0, 20 held-out rooms;
+    # docs/results/real/journal.md): one epoch of 24 episodes at lr 1e-3 under the default 20-step warm-up (10
+    # optimizer steps, peak 0.15x lr) solved 0 (every program a syntax error); at the full 1e-3 (2-step warm-up)
+    # with each demonstration weighted the same, 0 (empty answers); two epochs at lr 3e-4 over a 3-step warm-up (20
+    # steps), 0.65 (the tool right in every first turn). RL: lr warm-up over 4 optimizer steps as Sudoku's (below)
     "sokoban": ["env.name=sokoban", "env.kwargs={size: 6, num_boxes: 2, max_turns: 2, tool_mode: code, "
                 "timeout: 2.0}", "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=2",
                 "rollout.temperature=0.7", "rollout.max_new_tokens=560",
@@ -89,14 +88,14 @@ TASKS: dict[str, list[str]] = {
                 "warmstart.episodes=24", "warmstart.epochs=2", "warmstart.noise=0.3", "warmstart.lr=3.0e-4",
                 "warmstart.warmup_steps=3", "eval.problems=50", "eval.every=0", "train.steps=3",
                 "train.checkpoint_every=1"],
-    # 4x4 grids, 6 holes; the tool agent writes a backtracking solver that prints the grid (the expert's: 339
-    # tokens at most). Warm start: 12 episodes (9 optimizer steps) at lr 1e-3 under the default 20-step warm-up
-    # (peak 0.15x lr) gave starts of 0.00-0.88 by seed and order on 50 grids, a program barely learned; at lr 3e-4
-    # over a 3-step warm-up 0.95 and 0.85 (seeds 0, 1; 20 grids), at 1.5e-4 0.00 (the grid pasted wrong): the
-    # program is learned or not, so a start at or below 0.6 is not a stable setting here, and the table takes the
-    # reliable one (docs/results.md). At a constant RL lr 2e-5 AdamW's first step broke the tool's programs
-    # (per-role models: approx. KL 0.12 in that one update, every program failing from the second step); over a
-    # 4-step lr warm-up the tool's was 0.001 and the tool's programs improved
+    # 4x4 grids, 6 holes; the tool agent writes a backtracking solver that prints the grid (the expert's: 339 tokens
+    # at most). Warm start: 12 episodes (9 optimizer steps) at lr 1e-3 under the default 20-step warm-up (peak 0.15x
+    # lr) gave starts of 0.00-0.88 by seed and order on 50 grids, a program barely learned; at lr 3e-4 over a 3-step
+    # warm-up 0.95 and 0.85 (seeds 0, 1; 20 grids), at 1.5e-4 0.00 (the grid pasted wrong): the program is learned
+    # or not, so a start at or below 0.6 is not a stable setting here, and the table takes the reliable one
+    # (docs/results/real/journal.md, "Sudoku"). At a constant RL lr 2e-5 AdamW's first step broke the tool's
+    # programs (per-role models: approx. KL 0.12 in that one update, every program failing from the second step);
+    # over a 4-step lr warm-up the tool's was 0.001 and the tool's programs improved
     "sudoku": ["env.name=sudoku", "env.kwargs={size: 4, holes: 6, max_turns: 3, tool_mode: code, timeout: 2.0}",
                "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
                "rollout.temperature=0.7", "rollout.max_new_tokens=400",
@@ -107,7 +106,7 @@ TASKS: dict[str, list[str]] = {
     # coder + unit tester on the generated stdin/stdout problems (atgrpo/envs/code_templates.py; the expert's
     # programs are up to 132 tokens, its tests 183). Warm start: 24 episodes at lr 1e-4 (4 optimizer steps) left
     # the coder ignoring stdin (0/20 held-out), at lr 1e-3 the shared model's tester wrote programs instead of
-    # cases (1/20); 48 episodes at lr 1e-3 (9 steps) gave 3/20 with both roles in format (docs/results.md)
+    # cases (1/20); 48 episodes at lr 1e-3 (9 steps) gave 3/20 with both roles in format (docs/results/real/journal.md)
     "code": ["env.name=code", "env.kwargs={dataset: generated, max_turns: 2, timeout: 2.0}",
              "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
              "rollout.temperature=0.7", "rollout.max_new_tokens=200",
