@@ -19,7 +19,7 @@ from .real_table import NO_RL_SOURCE, ROW_TITLES, ROWS, TASKS, select
 COMMAND = "atgrpo bench real-table"
 START_CAP = 0.6  # the team without RL must start at or below this
 COLUMNS_NEEDED = 4  # columns whose RL row must be above both baselines
-RL_ROWS = ("mas_L1", "mas_L3")
+TEAM_RL_ROWS = ("mas_L1", "mas_L3")  # the rows a column is judged by (real_table.RL_ROWS adds the single agent)
 
 
 def summarize(vals: list[float]) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def conditions(task_rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     mean) above single agent + GRPO (``above_single_grpo``) and above the team without RL (``above_mas``) by
     more than one std of the seeds, and the team without RL at or below ``START_CAP`` (``mas_start``). Each
     is None while its rows lack two seeds."""
-    runs = [r for r in RL_ROWS if task_rows[r]["n"]]
+    runs = [r for r in TEAM_RL_ROWS if task_rows[r]["n"]]
     best = max(runs, key=lambda r: task_rows[r]["mean"]) if runs else None
     mas = task_rows["mas"]
     return {"best_rl_row": best,

@@ -73,9 +73,9 @@ TASKS: dict[str, list[str]] = {
                   "warmstart.episodes=12", "warmstart.epochs=2", "warmstart.noise=0.3",
                   "warmstart.lr=3.0e-4", "warmstart.warmup_steps=3", "eval.problems=50", "eval.every=0",
                   "train.steps=5", "train.checkpoint_every=1"],
-    # 6x6 rooms with two boxes: the best fixed answer found solves 5 % of the held-out rooms (7x7 with one box: 14
-    # %; docs/results/real/journal.md, "Settings chosen before the first cells"). The expert's search program is up
-    # to 490 tokens (628 with the dead-square pruning it had first; benchmarks/expert_program_tokens.py), so each
+    # 6x6 rooms with two boxes: the best fixed answer found solves 5 % of the held-out rooms (7x7 with one box:
+    # 14 %; docs/results/real/journal.md, "Settings chosen before the first cells"). The expert's search program is
+    # up to 490 tokens (628 with the dead-square pruning it had first; benchmarks/expert_program_tokens.py), so each
     # sampled program is long: few problems and steps, two turns. Warm start (seed 0, 20 held-out rooms;
     # docs/results/real/journal.md): one epoch of 24 episodes at lr 1e-3 under the default 20-step warm-up (10
     # optimizer steps, peak 0.15x lr) solved 0 (every program a syntax error); at the full 1e-3 (2-step warm-up)
