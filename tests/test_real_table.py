@@ -254,8 +254,10 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
     and running the cell again starts a new run directory (the old one is moved aside, not resumed)."""
     import shutil
 
+    import yaml
+
     import atgrpo.trainer.run as trainer_run
-    from atgrpo.bench.real_cells import config_digest, current_cells, plan, plan_lines, run_cell
+    from atgrpo.bench.real_cells import cell_config, config_digest, current_cells, plan, plan_lines, run_cell
     from atgrpo.bench.real_report import write_report
 
     root = tmp_path / "root"
@@ -268,6 +270,7 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
     config = root / "configs/real/table/math_mas_L1.yaml"
     config.write_text(config.read_text() + "# a comment changes nothing\n")
     assert plan([cell], out, [], str(root))[0]["done"]
+    ran_with = yaml.safe_dump(cell_config(cell, [], str(root)).to_dict())
     config.write_text(config.read_text().replace("steps: 12", "steps: 11"))
     row = plan([cell], out, [], str(root))[0]
     assert (row["done"], row["stale"]) == (False, True) and " stale " in plan_lines([row])[0]
@@ -278,6 +281,7 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
     assert "Stale" in (tmp_path / "table/table.md").read_text()
     old_run = Path(runs, "math", "mas_L1", "seed0")
     os.makedirs(old_run / "checkpoint")
+    (old_run / "config.yaml").write_text(ran_with)
     seen = []
     monkeypatch.setattr(trainer_run, "train", lambda cfg, d, **k: seen.append(os.path.isdir(d)) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
@@ -313,7 +317,8 @@ def test_table_token_caps_hold_the_expert_programs(game):
 def test_a_partial_run_from_another_config_is_moved_aside_not_resumed(tmp_path):
     """A cell stopped part-way under an earlier recipe has no result file to mark it stale; resuming its checkpoint
     under the new config would mix the two recipes in one cell, so its directory is moved aside. A partial run
-    under the same config resumes, also when only the keys the trainer resolves from the machine differ."""
+    under the same config resumes, also when only the keys the trainer resolves from the machine differ, and also
+    when the cell has a stale result file from an earlier recipe (the partial run was started after the change)."""
     import yaml
 
     from atgrpo.bench.real_cells import cell_config, retire_stale_run
@@ -321,19 +326,49 @@ def test_a_partial_run_from_another_config_is_moved_aside_not_resumed(tmp_path):
 
     cfg = cell_config(rt.Cell("sudoku", "mas_L3", 1), ["train.threads=2"], str(ROOT))
     run = tmp_path / "seed1"
-    assert retire_stale_run(str(run), cfg, has_result=False) is None  # nothing there yet
+    assert retire_stale_run(str(run), cfg) is None  # nothing there yet
     os.makedirs(run / "checkpoint" / "step_2")
     saved = cfg.to_dict()
     saved["train"]["threads"], saved["model"]["precision"] = 1, "bfloat16"
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     assert config_changes(str(run), cfg) == []
-    assert retire_stale_run(str(run), cfg, has_result=False) is None and run.is_dir()
+    assert retire_stale_run(str(run), cfg) is None and run.is_dir()
     saved["warmstart"]["lr"], saved["algo"]["warmup_steps"] = 1.0e-3, 0
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     assert config_changes(str(run), cfg) == ["algo.warmup_steps", "warmstart.lr"]
-    reason = retire_stale_run(str(run), cfg, has_result=False)
+    reason = retire_stale_run(str(run), cfg)
     assert "algo.warmup_steps, warmstart.lr" in reason and not run.exists()
     assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["seed1.stale"]
+
+
+def test_a_stale_result_does_not_retire_a_partial_run_of_the_current_config(tmp_path, monkeypatch):
+    """The cell's result file is from an earlier config (stale); its run directory holds a run stopped part-way
+    under today's config. run_cell resumes that directory instead of moving it aside and starting over."""
+    import yaml
+
+    from atgrpo.bench import real_cells
+
+    cell = rt.Cell("sudoku", "mas_L3", 1)
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    stale = out / "cells" / "sudoku" / "mas_L3" / "seed1.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"task": "sudoku", "row": "mas_L3", "seed": 1, "config_sha": "earlier"}))
+    assert not real_cells.is_current(json.loads(stale.read_text()), str(ROOT))
+    cfg = real_cells.cell_config(cell, [], str(ROOT))
+    run = runs / "sudoku" / "mas_L3" / "seed1"
+    os.makedirs(run / "checkpoint" / "step_4")
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    calls = []
+
+    def train(cfg, directory, progress, resume):
+        calls.append((directory, resume))
+        raise KeyboardInterrupt  # stop at once: only the decision to resume is under test
+
+    monkeypatch.setattr("atgrpo.trainer.run.train", train)
+    with pytest.raises(KeyboardInterrupt):
+        real_cells.run_cell(cell, str(out), str(runs), [], str(ROOT))
+    assert calls == [(str(run), True)] and (run / "checkpoint" / "step_4").is_dir()
+    assert not list(run.parent.glob("seed1.stale-*"))
 
 
 def _row(*vals):

@@ -175,24 +175,21 @@ def earlier_seconds(directory: str) -> float:
     return recorded
 
 
-def retire_stale_run(directory: str, cfg, has_result: bool) -> str | None:
-    """Move a cell's run directory aside (``<dir>.stale-<time>``) when resuming it would mix two recipes: the cell
-    has a result from an earlier config, or the directory's partial run was started under another config (other
-    than in the keys the trainer resolves from the machine). Returns the reason, or None when the directory is
-    absent or may be resumed."""
+def retire_stale_run(directory: str, cfg) -> str | None:
+    """Move a cell's run directory aside (``<dir>.stale-<time>``) when resuming it would mix two recipes: the run
+    in it (finished, with a stale result, or stopped part-way) was started under another config than ``cfg``,
+    other than in the keys the trainer resolves from the machine. Returns the reason, or None when the directory
+    is absent or may be resumed. A stale result file does not decide: a partial run started after the config
+    changed is the current recipe's and resumes."""
     from ..trainer.run_dir import config_changes, key_list
 
     if not os.path.isdir(directory):
         return None
     changed = config_changes(directory, cfg)
-    if not has_result and not changed:
+    if not changed:
         return None
-    if has_result:
-        reason = "its result is from an earlier config"
-    else:
-        reason = f"its partial run has another config ({key_list(changed, most=4)})"
     os.rename(directory, f"{directory}.stale-{time.strftime('%Y%m%d%H%M%S')}")
-    return reason
+    return f"its run has another config ({key_list(changed, most=4)})"
 
 
 def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".", progress: bool = False,
@@ -205,7 +202,7 @@ def run_cell(cell: Cell, out: str, runs: str, extra: list[str], root: str = ".",
 
     cfg = cell_config(cell, extra, root)
     directory = run_dir(runs, cell)
-    reason = retire_stale_run(directory, cfg, os.path.exists(cell_file(out, cell)))
+    reason = retire_stale_run(directory, cfg)
     if reason:
         print(f"{cell.name}: starting afresh, {reason}; the old run directory is kept as {directory}.stale-*",
               flush=True)
