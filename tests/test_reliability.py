@@ -139,6 +139,27 @@ def test_sigint_stops_after_the_step_with_a_checkpoint(tmp_path, fast_overrides)
         assert lock.previous_owner is None  # the lock file was emptied on the way out
 
 
+def test_a_signal_in_the_warm_start_says_where_it_stops_and_keeps_the_warm_start(tmp_path, fast_overrides,
+                                                                                 reference, monkeypatch, capsys):
+    """A warm start and the first evaluation run for minutes without a step boundary: a stop asked for there says
+    it will come after them, and the step-0 checkpoint keeps them, so a resume does not warm-start again."""
+    import atgrpo.trainer.run as run_module
+
+    ref = reference()  # first: it warm-starts too
+    out, real = str(tmp_path / "run"), run_module.warm_start
+
+    def signalled(*a):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler only raises a flag; the warm start goes on
+        return real(*a)
+    monkeypatch.setattr(run_module, "warm_start", signalled)
+    assert main(["train", *fast_overrides, *RESUME, "--out", out, "--quiet"]) == 130
+    assert "stopping after the warm start and the evaluation before RL" in capsys.readouterr().err
+    assert ck.latest_checkpoint(out).step == 0
+    monkeypatch.setattr(run_module, "warm_start", lambda *a: pytest.fail("the resume warm-started again"))
+    assert main(["train", "--resume", out, "--quiet"]) == 0
+    assert _rows(out) == _rows(ref)
+
+
 def test_extending_a_finished_run_equals_the_longer_run(tmp_path, fast_overrides, reference, capsys):
     out = str(tmp_path / "run")
     assert main(["train", *fast_overrides, "train.checkpoint_every=1", "--out", out, "--quiet"]) == 0  # 2 steps

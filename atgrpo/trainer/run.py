@@ -122,7 +122,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
     cfg = set_precision(set_threads(cfg, say), say)
-    opened = _open(cfg, run_dir, resume, started, say, progress)
+    opened = _open(cfg, run_dir, resume, started, say, progress, stop)
     if isinstance(opened, dict):  # the run had already finished
         return opened
     run = opened
@@ -150,7 +150,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
 
 
 def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Callable[..., None],
-          progress: bool) -> Run | dict[str, Any]:
+          progress: bool, stop: StopOnSignal) -> Run | dict[str, Any]:
     """Build the state and either restore the newest checkpoint (resume) or warm-start and evaluate (fresh run);
     returns the run, or the summary of a resumed run that had already finished."""
     if not resume and (os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
@@ -205,6 +205,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
                    [tuple(e) for e in prog["evals"]], int(prog.get("nonfinite", 0)), ckpt.step, say)
     logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None,
                            logging=cfg.logging, params=cfg.to_dict())
+    stop.stop_point = "the warm start and the evaluation before RL"
     if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
         t = time.time()
         losses = warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
@@ -220,6 +221,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     say(f"eval before ({time.time() - t:.0f}s): success {before['success_rate']:.3f} on "
         f"{int(before['problems'])} held-out problems")
     summary["eval_before"] = before
+    stop.stop_point = stop.AFTER_STEP
     run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say,
               before_episodes=episodes)
     run.evaluated(0, episodes)

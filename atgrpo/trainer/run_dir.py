@@ -119,12 +119,16 @@ class StopOnSignal:
     """SIGINT (Ctrl-C) and SIGTERM ask the run to stop after the current step: the handler only sets a flag
     that the runner checks between steps, so the stop happens at a clean point, after a checkpoint. A second
     signal of the same kind gets the previous handler (Ctrl-C twice: KeyboardInterrupt at once). Installed
-    only in the main thread (Python delivers signals there); elsewhere the flag never rises."""
+    only in the main thread (Python delivers signals there); elsewhere the flag never rises. ``stop_point`` names,
+    in the message the signal prints, where the run will stop: a warm start and the evaluation before RL run for
+    minutes without a step boundary, and the user should know the wait is expected."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    AFTER_STEP = "this step"
 
     def __init__(self):
         self.signum: int | None = None
+        self.stop_point = self.AFTER_STEP
         self._previous: dict[int, Any] = {}
 
     @property
@@ -134,7 +138,7 @@ class StopOnSignal:
     def _handle(self, signum, frame) -> None:
         self.signum = signum
         signal.signal(signum, self._previous[signum])  # a second signal: the previous behaviour
-        print(f"\natgrpo: {signal.Signals(signum).name} received: stopping after this step with a checkpoint "
+        print(f"\natgrpo: {signal.Signals(signum).name} received: stopping after {self.stop_point} with a checkpoint "
               f"(send it again to abort at once)", file=sys.stderr, flush=True)
 
     def __enter__(self) -> "StopOnSignal":
