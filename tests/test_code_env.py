@@ -201,6 +201,32 @@ def test_demo_action_is_a_noisy_expert():
     assert env.demo_action("tester", rng, 1.0) != env.expert_action("tester")
 
 
+def test_a_sibling_mistake_is_another_statements_program_from_the_same_template():
+    """demo_mistake='sibling': the scripted coder's mistake is the reference of another problem of the same
+    template (drawn by ``sibling_program`` from the demonstration's generator), a program that runs and solves
+    something else, so the hidden tests fail and the episode goes on to a second coder turn."""
+    from atgrpo.envs.code_data import sibling_program
+
+    with pytest.raises(ValueError, match="demo_mistake"):
+        make("code", demo_mistake="typo")
+    for seed in range(6):
+        env = make("code", split="train", demo_mistake="sibling", cache=False)
+        env.reset(seed)
+        problem, rng = env.problem, random.Random(seed)
+        wrong = env.demo_action("coder", rng, 1.0)
+        replay = random.Random(seed)
+        replay.random()  # the noise draw
+        sibling = sibling_program(problem, replay).rstrip()
+        assert extract_code(wrong)[0].rstrip() == sibling != problem.reference.rstrip()
+        r = env.step(wrong)
+        assert r.info.get("parse_error") is not True and env.hidden_pass < 1.0
+    line = make("code", split="train", cache=False)  # the default: one line of the reference lost
+    line.reset(0)
+    dropped = extract_code(line.demo_action("coder", random.Random(1), 1.0))[0].rstrip().split("\n")
+    assert len(dropped) == len(line.problem.reference.rstrip().split("\n")) - 1
+    assert sibling_program(Problem("x", "s", (), "print(1)"), random.Random(0)) is None  # no template
+
+
 def test_declared_packages_reach_the_sandbox_and_only_then(tmp_path):
     """env.kwargs.packages: the code task's programs may import what the task declares, nothing else."""
     pytest.importorskip("yaml")

@@ -38,7 +38,8 @@ from typing import Any
 
 from . import splits
 from .base import Messages, MultiAgentEnv, Reward
-from .code_data import DATASETS, Problem, generated_problem, humaneval_problems, load_files, load_jsonl
+from .code_data import (DATASETS, Problem, generated_problem, humaneval_problems, load_files, load_jsonl,
+                        sibling_program)
 from .code_exec import MAX_TESTS, Test, describe_failure, format_tests, outputs_match, parse_tests, passed, syntax_error
 from .programs import extract_code, run_jobs
 
@@ -47,6 +48,8 @@ EXPOSE_BONUS = 0.5
 SHOW_CHARS = 300  # per shown input / expected / got
 SHOW_CODE_CHARS = 3000
 SHOW_MISMATCHES = 5
+
+DEMO_MISTAKES = ("line", "sibling")
 
 Mismatch = tuple[str, str, str]  # (input, expected, got)
 
@@ -62,19 +65,25 @@ class CodeEnv(MultiAgentEnv):
                  roles: tuple[str, ...] | None = None, timeout: float = 2.0, data_path: str | None = None,
                  parallel: bool = True, cache: bool = True, data_files: str | list[str] | None = None,
                  eval_data_files: str | list[str] | None = None, columns: dict[str, str] | None = None,
-                 packages: list[str] | None = None):
+                 packages: list[str] | None = None, demo_mistake: str = "line"):
         """``timeout``: seconds per program run (hidden test, tester case, reference); ``data_path``: the file of
         ``dataset="jsonl"``; ``parallel``: run the cases of one step on the shared sandbox pool (else one by
         one); ``cache``: reuse results of (program, input) pairs already run. ``dataset="files"``: problems from
         ``data_files`` (JSON, JSONL, Parquet or CSV, read with ``datasets``; ``eval_data_files`` for the
         evaluation split, else the same files), columns question, inputs, outputs, solution renamed by
         ``columns`` ({field: column}). ``packages``: installed packages the programs may import in the sandbox
-        (none by default: the standard library only)."""
+        (none by default: the standard library only). ``demo_mistake``: the scripted coder's mistake in the warm
+        start's noisy demonstrations, ``line`` (a line of the reference dropped) or ``sibling`` (the program of
+        another statement from the same template, ``code_data.sibling_program``; a dropped line for problems
+        without one): after a sibling, the demonstration's next coder turn is a different program, where after
+        a dropped line it is the same one with the line back."""
         super().__init__(max_turns=max_turns, style=style, roles=roles)
         if dataset not in DATASETS:
             raise ValueError(f"unknown code dataset {dataset!r}; valid: {', '.join(DATASETS)}")
         if split not in splits.SPLITS:
             raise ValueError(f"unknown split {split!r}; valid: {', '.join(splits.SPLITS)}")
+        if demo_mistake not in DEMO_MISTAKES:
+            raise ValueError(f"unknown demo_mistake {demo_mistake!r}; valid: {', '.join(DEMO_MISTAKES)}")
         if not timeout > 0:
             raise ValueError(f"code timeout must be > 0 seconds, got {timeout}")
         if (data_path is not None) != (dataset == "jsonl"):
@@ -85,7 +94,7 @@ class CodeEnv(MultiAgentEnv):
             raise ValueError("eval_data_files and columns go with dataset='files'")
         self.dataset, self.split, self.timeout = dataset, split, float(timeout)
         self.packages = tuple(packages or ())
-        self.parallel, self.cache = parallel, cache
+        self.parallel, self.cache, self.demo_mistake = parallel, cache, demo_mistake
         self._problems: tuple[Problem, ...] = ()
         if dataset in ("jsonl", "files"):
             source = data_path if dataset == "jsonl" else (eval_data_files if split == "eval" and eval_data_files
@@ -211,11 +220,18 @@ class CodeEnv(MultiAgentEnv):
         return format_tests(self.problem.tester_tests[:MAX_TESTS])
 
     def demo_action(self, agent: str, rng: random.Random, noise: float) -> str:
-        """A noisy expert: with probability ``noise`` the coder's program loses one line; each expected output of
-        the tester is corrupted (a digit or letter appended) with probability ``noise``."""
+        """A noisy expert: with probability ``noise`` the coder makes its mistake (``demo_mistake``: a line of
+        the program lost, or a sibling template's program); each expected output of the tester is corrupted (a
+        digit or letter appended) with probability ``noise``."""
         if agent == "coder":
-            lines = self.expert_action("coder").split("\n")
-            if rng.random() < noise and len(lines) > 3:
+            expert = self.expert_action("coder")
+            if rng.random() >= noise:
+                return expert
+            sibling = sibling_program(self.problem, rng) if self.demo_mistake == "sibling" else None
+            if sibling is not None:
+                return f"```python\n{sibling.rstrip()}\n```"
+            lines = expert.split("\n")
+            if len(lines) > 3:
                 del lines[rng.randrange(1, len(lines) - 1)]
             return "\n".join(lines)
         cases = [(i, o + rng.choice("0123456789x") if rng.random() < noise else o)

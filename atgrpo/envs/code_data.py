@@ -68,6 +68,7 @@ class Problem:
     tester_tests: tuple[Test, ...] = ()  # valid cases for the scripted tester
     entry_point: str | None = None  # function mode (HumanEval)
     check: str | None = None  # HumanEval test code defining check(candidate)
+    family: str | None = None  # generated problems: the template it came from (``sibling_program``)
 
     @property
     def function_mode(self) -> bool:
@@ -134,17 +135,33 @@ def _distinct_inputs(gen: Callable[[random.Random], str], rng: random.Random, n:
 
 def generated_problem(seed: int, split: str) -> Problem:
     """The generated problem of ``seed`` in ``split`` (train / eval disjoint by the statement's hash)."""
-    def draw_spec(rng: random.Random) -> tuple[str, str, Callable[[random.Random], str], int]:
+    def draw_spec(rng: random.Random) -> tuple[str, str, Callable[[random.Random], str], int, str]:
         template = rng.choice(TEMPLATES)
         statement, program, gen = template(rng)
-        return statement, program, gen, rng.getrandbits(64)
+        return statement, program, gen, rng.getrandbits(64), template.__name__
 
-    statement, program, gen, test_seed = splits.draw(draw_spec, lambda s: s[0], "code:generated", seed, split)
+    statement, program, gen, test_seed, family = splits.draw(draw_spec, lambda s: s[0], "code:generated", seed,
+                                                              split)
     rng = random.Random(test_seed)
     inputs = _distinct_inputs(gen, rng, 1 + HIDDEN_TESTS + TESTER_TESTS, set())
     cases = [(x, run_trusted(program, x)) for x in inputs]
     return Problem(pid=f"generated/{split}/{seed}", statement=statement, tests=tuple(cases[1:1 + HIDDEN_TESTS]),
-                   reference=program, examples=tuple(cases[:1]), tester_tests=tuple(cases[1 + HIDDEN_TESTS:]))
+                   reference=program, examples=tuple(cases[:1]), tester_tests=tuple(cases[1 + HIDDEN_TESTS:]),
+                   family=family)
+
+
+def sibling_program(problem: Problem, rng: random.Random, tries: int = 20) -> str | None:
+    """The reference program of another statement from the same template as ``problem`` (another predicate,
+    order, base or constant): a plausible program that solves a different problem, the mistake a weak coder
+    makes most. None for a problem without a template (HumanEval, files) or when ``tries`` draws give none."""
+    template = {t.__name__: t for t in TEMPLATES}.get(problem.family or "")
+    if template is None:
+        return None
+    for _ in range(tries):
+        _, program, _ = template(random.Random(rng.getrandbits(64)))
+        if program != problem.reference:
+            return program
+    return None
 
 
 # ---- HumanEval ------------------------------------------------------------------------------------------
