@@ -103,7 +103,7 @@ TASKS: dict[str, list[str]] = {
     "sudoku": ["env.name=sudoku", "env.kwargs={size: 4, holes: 6, max_turns: 3, tool_mode: code, timeout: 2.0}",
                "model.max_prompt_tokens=2048", "rollout.K=4", "rollout.problems_per_step=4",
                "rollout.temperature=0.7", "rollout.max_new_tokens=400",
-               "rollout.per_agent={plan: {max_new_tokens: 80}, tool: {temperature: 0.3}}",
+               "rollout.per_agent={plan: {max_new_tokens: 80}}",
                "algo.std_normalize=false", "algo.lr=2.0e-5", "algo.warmup_steps=4",
                "warmstart.episodes=12", "warmstart.noise=0.3", "warmstart.lr=3.0e-4",
                "warmstart.warmup_steps=3", "eval.problems=50", "eval.every=0",
@@ -119,6 +119,8 @@ TASKS: dict[str, list[str]] = {
              "warmstart.noise=0.3", "warmstart.lr=1.0e-3", "eval.problems=50", "eval.every=0", "train.steps=4",
              "train.checkpoint_every=2"],
 }
+# Settings of a task's team rows only (mas_L1, mas_L3): they name a role the single agent does not have.
+TEAM_ONLY: dict[str, list[str]] = {"sudoku": ["rollout.per_agent.tool.temperature=0.3"]}
 # The single agent's warm-start episodes and problems per step, as multiples of the team's: a team episode gives
 # about twice the demonstrations and sampled responses of a one-role episode. Math is measured
 # (configs/real/math_single_grpo.yaml: 72 episodes against 24, 28 problems against 8 gave 1344 sampled responses
@@ -157,9 +159,11 @@ def _value(items: list[str], key: str) -> str | None:
 
 def row_overrides(task: str, row: str) -> list[str]:
     """Every override of one RL row of a task (seed 0), in the order they apply: COMMON, the task, the row, and
-    for the single agent its scaled warm start and problems per step."""
+    for the team its ``TEAM_ONLY`` settings, for the single agent its scaled warm start and problems per step."""
     items = COMMON + TASKS[task] + ROW_OVERRIDES[row]
-    if row == "single_grpo":
+    if row != "single_grpo":
+        items = items + TEAM_ONLY.get(task, [])
+    else:
         episodes, problems = SINGLE_SCALE[task]
         team_episodes = int(_value(items, "warmstart.episodes"))
         team_problems = int(_value(items, "rollout.problems_per_step"))
