@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import splits
-from .code_templates import TEMPLATES
+from .code_templates import BY_NAME, TEMPLATES
 
 DATASETS = ("generated", "humaneval", "jsonl", "files")
 HIDDEN_TESTS = 8  # per generated problem
@@ -154,7 +154,7 @@ def sibling_program(problem: Problem, rng: random.Random, tries: int = 20) -> st
     """The reference program of another statement from the same template as ``problem`` (another predicate,
     order, base or constant): a plausible program that solves a different problem, the mistake a weak coder
     makes most. None for a problem without a template (HumanEval, files) or when ``tries`` draws give none."""
-    template = {t.__name__: t for t in TEMPLATES}.get(problem.family or "")
+    template = BY_NAME.get(problem.family or "")
     if template is None:
         return None
     for _ in range(tries):

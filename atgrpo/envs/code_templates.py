@@ -277,3 +277,4 @@ def pair_count(rng: random.Random):
 TEMPLATES: list[Template] = [filter_aggregate, order_statistic, reverse_text, count_letters, fizzbuzz, gcd_lcm,
                              primes, sort_numbers, prefix_scan, word_stats, digits, palindrome, matrix, mean,
                              caesar, sequence, base_convert, pair_count]
+BY_NAME: dict[str, Template] = {t.__name__: t for t in TEMPLATES}  # a generated problem's ``family`` names its template
