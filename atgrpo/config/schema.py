@@ -162,6 +162,11 @@ class WarmStartConfig:
     # L2/L3: one warm start on every role's demonstrations, copied to every policy (all roles start from one
     # checkpoint, as in the paper from one pretrained model); false: each policy on its own roles' demonstrations
     common: bool = True
+    # what each demonstration trains the policy on: ``noisy``, the answer as played (mistakes included), or
+    # ``expert``, the expert's answer in the same state while the episode goes on with the noisy one, so the
+    # noise only makes the states to recover from (a mistake exposed, a wrong program to revise) and no
+    # mistake is imitated
+    imitate: Literal["noisy", "expert"] = "noisy"
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Supervised warm start on scripted demonstrations (a noisy expert), standing in for pretraining.
 
 A tiny policy knows nothing at first. Each environment's expert (e.g. a BFS solver) acts in scripted
-episodes on *training-split* problems, each character of its answer corrupted with probability ``noise``;
-every (prompt, answer) pair trains the policy of the agent that produced it, with cross-entropy on the answer
-tokens. Evaluation problems come from the disjoint evaluation split, so no demonstration is an eval problem.
+episodes on *training-split* problems, each character of its answer corrupted with probability ``noise`` (in
+the program-writing and code tasks: a bug made); every (prompt, answer) pair trains the policy of the agent that
+produced it, with cross-entropy on the answer tokens. With ``warmstart.imitate=expert`` the answer trained on is
+the expert's in the same state instead, while the episode goes on with the noisy one: the noise then only makes
+the states a policy must recover from, and no mistake is imitated. Evaluation problems come from the disjoint evaluation split, so no demonstration is an eval problem.
 
 The same code warm-starts real models (``model.kind=hf``): prompts are rendered exactly as in rollouts (the
 chat template with its generation prompt) and answers are tokenised as the policy emits them
@@ -36,7 +38,8 @@ WARMSTART_SEED_OFFSET = 7_000_000_000  # demonstration problems use seeds far fr
 def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_to_policy: dict[str, str],
                            policies: dict[str, TrainablePolicy], cfg: WarmStartConfig, seed: int
                            ) -> dict[str, list[tuple[list[int], list[int]]]]:
-    """(prompt ids, answer ids + EOS) pairs per policy id, from scripted noisy-expert episodes."""
+    """(prompt ids, answer ids + EOS) pairs per policy id, from scripted noisy-expert episodes; the answer is
+    the one played (``cfg.imitate == "noisy"``) or the expert's in that state (``"expert"``)."""
     rng = random.Random(seed)
     demos: dict[str, list[tuple[list[int], list[int]]]] = {pid: [] for pid in policies}
     for ep in range(cfg.episodes):
@@ -45,8 +48,9 @@ def collect_demonstrations(make_env: Callable[[str, int], MultiAgentEnv], agent_
             agent = env.current_agent
             policy = policies[agent_to_policy[agent]]
             answer = env.demo_action(agent, rng, cfg.noise)
+            target = env.expert_action(agent) if cfg.imitate == "expert" else answer
             prompt_ids = policy.encode(policy.render(env.observe()))
-            answer_ids = policy.encode_response(answer)
+            answer_ids = policy.encode_response(target)
             demos[policy.policy_id].append((prompt_ids, answer_ids))
             env.step(answer)
     return demos
