@@ -5,7 +5,8 @@ episodes on *training-split* problems, each character of its answer corrupted wi
 the program-writing and code tasks: a bug made); every (prompt, answer) pair trains the policy of the agent that
 produced it, with cross-entropy on the answer tokens. With ``warmstart.imitate=expert`` the answer trained on is
 the expert's in the same state instead, while the episode goes on with the noisy one: the noise then only makes
-the states a policy must recover from, and no mistake is imitated. Evaluation problems come from the disjoint evaluation split, so no demonstration is an eval problem.
+the states a policy must recover from, and no mistake is imitated. Evaluation problems come from the disjoint
+evaluation split, so no demonstration is an eval problem.
 
 The same code warm-starts real models (``model.kind=hf``): prompts are rendered exactly as in rollouts (the
 chat template with its generation prompt) and answers are tokenised as the policy emits them
