@@ -327,7 +327,7 @@ def test_cascade_with_grouped_query_attention(arch):
 def test_token_logprobs_equal_log_softmax_gather_across_chunks(temperature):
     """The chunked target log-probabilities (and their gradients) equal log_softmax + gather, on more rows than
     one chunk holds."""
-    from atgrpo.policies.causal_lm import LOGPROB_CHUNK_ROWS, token_logprobs
+    from atgrpo.policies.logprobs import LOGPROB_CHUNK_ROWS, token_logprobs
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, LOGPROB_CHUNK_ROWS // 2 + 7, 50, generator=g, requires_grad=True)

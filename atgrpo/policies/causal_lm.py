@@ -22,27 +22,7 @@ import torch
 import torch.nn.functional as F
 from . import cascade
 from .kv_cache import CascadeCache, ReservedCache
-
-
-LOGPROB_CHUNK_ROWS = 256  # positions per log-sum-exp chunk: bounds its full-vocabulary temporaries
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``log softmax(logits / T)[target]``: ``logits  # (..., V)``, ``targets  # (...)`` -> ``(...)`` in float32.
-
-    The target's scaled logit minus the log-sum-exp over the vocabulary, in chunks of positions: no
-    full-vocabulary log-probability tensor is made, and for float32 logits at T = 1 nothing of vocabulary size
-    is copied (autograd keeps views of ``logits``); the temporaries of one chunk are all that is added. Equal
-    to ``log_softmax(...).gather(...)`` up to float rounding."""
-    V = logits.shape[-1]
-    flat, tgt = logits.reshape(-1, V), targets.reshape(-1, 1)
-    out = []
-    for s in range(0, flat.shape[0], LOGPROB_CHUNK_ROWS):
-        x = flat[s:s + LOGPROB_CHUNK_ROWS].float()
-        if temperature != 1.0:
-            x = x / max(temperature, 1e-6)
-        out.append(x.gather(1, tgt[s:s + LOGPROB_CHUNK_ROWS]).squeeze(1) - torch.logsumexp(x, dim=-1))
-    return (torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)).view(targets.shape)
+from .logprobs import token_logprobs
 
 
 SAMPLE_BLOCK = 256  # tokens per block of the two-level inverse CDF in ``sample_tokens``
@@ -235,11 +215,11 @@ class CausalLMPolicy:
             logits = self.model(input_ids=seq, attention_mask=attn, logits_to_keep=keep).logits  # (B, keep, V)
         else:
             logits = self.model(input_ids=seq, attention_mask=attn).logits[:, L - keep:]
-        picked = logits.gather(1, tgt_idx[:, :, None].expand(-1, -1, logits.shape[-1]))  # (B, T, V)
         targets = torch.zeros((B, T), dtype=torch.long, device=self.device)
         for i, r in enumerate(response_ids):
             targets[i, :len(r)] = torch.tensor(r)
-        return token_logprobs(picked, targets, temperature) * mask, mask  # (B, T)
+        rows = tgt_idx + keep * torch.arange(B, device=self.device)[:, None]  # into logits flattened to (B * keep, V)
+        return token_logprobs(logits, targets, temperature, rows=rows) * mask, mask  # (B, T)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

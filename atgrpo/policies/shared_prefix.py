@@ -30,7 +30,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import cascade
 from .cascade import PrefixTree
-from .causal_lm import token_logprobs
+from .logprobs import token_logprobs
 from .protocol import TrainablePolicy
 
 
@@ -133,9 +133,16 @@ def shared_prefix_logprobs(policy: TrainablePolicy, prompt_ids: Sequence[Sequenc
         raise ValueError("algo.shared_prefix=true with model.gradient_checkpointing=true needs an architecture with "
                          "prefix-tree attention (Llama, Qwen2, Qwen3): this model's two-pass scoring keeps the "
                          "prompts' keys in a cache, which checkpointed layers drop; set algo.shared_prefix=false")
-    first, rest = (_tree_logits if policy.cascade else _two_pass_logits)(policy, prompts, row_group, rin.to(dev))
-    logp = torch.cat([token_logprobs(first[row_group], targets[:, :1], temperature),  # token 0: the prompt's
-                      token_logprobs(rest, targets[:, 1:], temperature)], dim=1) * mask  # last position; (R, T)
+    # token 0 is predicted from its prompt's last position, token t > 0 from the response's input t - 1
+    if policy.cascade:
+        logits = _tree_logits(policy, prompts, row_group, rin.to(dev))  # (G + R * (T - 1), V)
+        own = len(groups) + (T - 1) * torch.arange(B, device=dev)[:, None] + torch.arange(T - 1, device=dev)
+        logp = token_logprobs(logits, targets, temperature, rows=torch.cat([row_group[:, None], own], dim=1))
+    else:
+        first, rest = _two_pass_logits(policy, prompts, row_group, rin.to(dev))
+        logp = torch.cat([token_logprobs(first, targets[:, :1], temperature, rows=row_group[:, None]),
+                          token_logprobs(rest, targets[:, 1:], temperature)], dim=1)
+    logp = logp * mask  # (R, T)
     inv = torch.empty(B, dtype=torch.long)
     inv[torch.tensor(order)] = torch.arange(B)
     inv = inv.to(dev)
@@ -153,7 +160,7 @@ def _tree_logits(policy: TrainablePolicy, prompts: list[list[int]], row_group: t
     """One forward over the packed prefix tree (``cascade.PrefixTree``), batch 1: the prompts' tokens (right-
     padded, so their own attention is plain causal) then the responses' inputs ``rin  # (R, M)``, response row
     ``r`` continuing prompt ``row_group[r]``. Logits of the positions that predict response tokens and of no
-    other: each prompt's last real one ``(G, V)``, and every response input ``(R, M, V)``."""
+    other, ``(G + R * M, V)``: each prompt's last real one, then every response input (row-major)."""
     dev = rin.device
     pin, pmask = policy.pad_prompts(prompts, left=False)
     (G, Lp), (R, M) = pin.shape, rin.shape
@@ -164,10 +171,9 @@ def _tree_logits(policy: TrainablePolicy, prompts: list[list[int]], row_group: t
     keep = torch.cat([torch.arange(G, device=dev) * Lp + plens - 1, G * Lp + torch.arange(R * M, device=dev)])
     with cascade.active(policy.model, PrefixTree(pmask, row_group, M)):
         if policy.takes_logits_to_keep:  # the model takes `logits_to_keep`: only the kept positions reach lm_head
-            logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits[0]
-        else:
-            logits = policy.model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, keep]
-    return logits[:G], logits[G:].view(R, M, logits.shape[-1])
+            # squeeze, not [0]: the backward of an index zero-fills a logits-sized copy
+            return policy.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep).logits.squeeze(0)
+        return policy.model(input_ids=ids, position_ids=pos, use_cache=False).logits[0, keep]
 
 
 def _two_pass_logits(policy: TrainablePolicy, prompts: list[list[int]], row_group: torch.Tensor,
