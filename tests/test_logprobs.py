@@ -1,0 +1,86 @@
+"""``token_logprobs``: the loss's log-probs and their hand-written backward, against log_softmax + gather."""
+
+import pytest
+import torch
+
+from atgrpo.policies.logprobs import LOGPROB_CHUNK_ROWS, token_logprobs
+
+
+def _reference(logits, targets, temperature, rows=None):
+    flat = logits.reshape(-1, logits.shape[-1])
+    idx = torch.arange(flat.shape[0]).view(targets.shape) if rows is None else rows
+    x = flat[idx].to(torch.promote_types(flat.dtype, torch.float32))  # float64 stays float64
+    return torch.log_softmax(x / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_shared_rows_equal_reference_values_and_gradients(temperature):
+    """Several targets read one position (K responses predicting their first token from one prompt), over more
+    positions than one chunk holds: values and gradients equal those of copying the row for each target."""
+    g = torch.Generator().manual_seed(1)
+    N, V = LOGPROB_CHUNK_ROWS + 37, 64
+    logits = torch.randn(N, V, generator=g, dtype=torch.float64).mul(4).float().requires_grad_()
+    rows = torch.randint(0, N, (3, 150), generator=g)
+    rows[:, :5] = 7  # one position read by 15 targets
+    targets = torch.randint(0, V, rows.shape, generator=g)
+    w = torch.randn(rows.shape, generator=g)
+    ours = token_logprobs(logits, targets, temperature, rows=rows)
+    ref = _reference(logits, targets, temperature, rows)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    (ga,) = torch.autograd.grad((ours * w).sum(), logits)
+    (gb,) = torch.autograd.grad((ref * w).sum(), logits)
+    torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-6)
+    assert ga[7].abs().sum() > 0 and ga.sum(-1).abs().max() < 1e-4  # each row's gradient sums to 0 (softmax)
+
+
+def test_float64_gradcheck_and_bfloat16_logits():
+    """The backward is the derivative of the float64 reference (itself checked by finite differences); bfloat16
+    logits give float32 log-probs and a bfloat16 gradient, matching float32 on the same (rounded) logits."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(5, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    rows, targets = torch.tensor([0, 0, 3, 4, 4, 4]), torch.tensor([1, 2, 10, 0, 0, 5])
+    for k in range(3):  # fresh forwards: the backward runs once per forward
+        w = torch.randn(rows.shape, generator=g, dtype=torch.float64)
+        (ours,) = torch.autograd.grad((token_logprobs(logits, targets, 0.8, rows=rows).double() * w).sum(), logits)
+        (ref,) = torch.autograd.grad((_reference(logits, targets, 0.8, rows) * w).sum(), logits)
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-6)  # float32 inside
+    assert torch.autograd.gradcheck(lambda x: _reference(x, targets, 0.8, rows), (logits,))  # the reference is exact
+    lb = torch.randn(4, 9, 50, generator=g).bfloat16().requires_grad_()
+    t = torch.randint(0, 50, (4, 9), generator=g)
+    out = token_logprobs(lb, t, 1.0)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, _reference(lb.detach().float(), t, 1.0), rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert lb.grad.dtype == torch.bfloat16
+
+
+def test_no_grad_path_and_single_backward():
+    """Without gradients nothing is kept and the values are the same; the backward reuses the kept softmax in
+    place, so a second backward through one forward is refused instead of returning a wrong gradient."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 30, 40, generator=g, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 30), generator=g)
+    with torch.no_grad():
+        a = token_logprobs(logits, targets, 1.0)
+    b = token_logprobs(logits, targets, 1.0)
+    torch.testing.assert_close(a, b)
+    b.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="runs once"):
+        b.sum().backward()
+    with pytest.raises(ValueError, match="must match"):
+        token_logprobs(logits, targets[:, :3], 1.0)
+    assert token_logprobs(logits[:, :0], targets[:, :0], 1.0).shape == (2, 0)
+
+
+def test_head_cost_script_times_both_ways_and_checks_the_copys_top_logits():
+    """benchmarks/head_cost.py at small sizes: both ways of each part run, and the copy's head gives the float32
+    head's logits at the top of each row (float32 rounding) and bfloat16-close ones below."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "head_cost.py"
+    out = runpy.run_path(str(script))["main"](["--vocab", "700", "--positions", "300", "--rows", "4", "--reps", "1",
+                                               "--threads", "1"])
+    assert out["loss"]["autograd"] > 0 and out["loss"]["token_logprobs"] > 0
+    c = out["copy_head"]
+    assert c["max_diff_top"] < 1e-4 and 0 < c["max_diff_all"] < 0.5
