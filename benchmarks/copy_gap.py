@@ -4,8 +4,10 @@ The trainer (``model.precision=bfloat16``) runs float32 master weights under bfl
 responses are sampled once, then scored side by side by the trainer and by three copies:
 
 - ``rollout_copy``: ``policies/rollout_copy.RolloutCopies`` (linear weights bfloat16, run under the same autocast;
-  embeddings, norms, residual stream and LM head float32);
-- ``bf16_head``: the same with the LM head's weights in bfloat16 too (logits rounded to bfloat16);
+  embeddings, norms and residual stream float32; the LM head in bfloat16 with each row's ``EXACT_TOP`` highest
+  logits recomputed in float32);
+- ``f32_head``: the same with the whole LM head in float32 (the copy before the top-k head);
+- ``bf16_head``: the same with the whole LM head in bfloat16 (logits rounded to bfloat16);
 - ``all_bf16``: every parameter in bfloat16, no autocast (a plain ``model.to(torch.bfloat16)``).
 
 Prints JSON: per copy, the mean and max ``|copy - trainer|`` over the response tokens and the scoring seconds.
@@ -20,21 +22,31 @@ import argparse
 import copy
 import json
 import time
+import types
 
 import torch
+import torch.nn.functional as F
 
 from atgrpo.bench.common import autocast_twin, chat_prompt_texts, hf_policy
 from atgrpo.policies.rollout_copy import RolloutCopies
 from atgrpo.policies.shared_prefix import shared_prefix_logprobs
 
 
-def _bf16_head(view):
-    """``view`` with its LM head's weight in bfloat16 (untied from the float32 input embedding)."""
+def _plain_head(view, dtype):
+    """``view`` with a plain LM head (one matmul) whose weight is in ``dtype`` (untied from the float32 input
+    embedding for bfloat16)."""
     out = copy.copy(view)
     out.model = copy.deepcopy(view.model)
     head = out.model.get_output_embeddings()
-    head.weight = torch.nn.Parameter(head.weight.detach().to(torch.bfloat16), requires_grad=False)
+    head.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)
+    head.forward = types.MethodType(_own_dtype_forward, head)
     return out
+
+
+def _own_dtype_forward(self, x):
+    """A linear layer in its weight's dtype, autocast off."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 def _all_bf16(policy):
@@ -69,7 +81,8 @@ def main(argv=None) -> dict:
     rollout_copy = RolloutCopies({policy.policy_id: trainer}).views[policy.policy_id].sampler
     out = {"model": args.model or "smollm2-135m", "prompt_tokens": len(prompt), "response_tokens": int(ref.numel()),
            "trainer_seconds": ref_s}
-    for name, pol in (("rollout_copy", rollout_copy), ("bf16_head", _bf16_head(rollout_copy)),
+    for name, pol in (("rollout_copy", rollout_copy), ("f32_head", _plain_head(rollout_copy, torch.float32)),
+                      ("bf16_head", _plain_head(rollout_copy, torch.bfloat16)),
                       ("all_bf16", _all_bf16(policy))):
         lp, s = score(pol)
         d = (lp - ref).abs()

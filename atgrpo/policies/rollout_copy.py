@@ -9,10 +9,17 @@ copy (``RolloutCopies``) whose linear layers hold their weights in bfloat16 alre
 autocast, which finds nothing left to cast, and so computes what the trainer computes (scored side by side on
 SmolLM2-135M: the same log-probs to the last bit), without the casts. The copy is made once and refreshed in
 place after every update (``refresh``: only the parameters that train, so for per-role LoRA (L2) only the
-role's adapter; the frozen base is cast once, and the roles share it). The embeddings, the norms and the LM head
-stay float32, as under autocast: a bfloat16 head rounds logits near 20 to steps of 0.125 (on SmolLM2 that alone
-put the copy's log-probs 0.024 from the trainer's on average), a whole model in bfloat16 drifts further (0.047;
-``benchmarks/copy_gap.py``).
+role's adapter; the frozen base is cast once, and the roles share it). The embeddings, the norms and the
+residual stream stay float32, as under autocast; a whole model in bfloat16 drifts further from the trainer (0.047
+on SmolLM2; ``benchmarks/copy_gap.py``).
+
+The LM head is the largest matmul of a decoding step (on SmolLM2 a fifth of the parameters, 49k logits per row),
+and the trainer runs it in float32. In bfloat16 it rounds logits near 20 to steps of 0.125 (on SmolLM2 that alone
+put the copy's log-probs 0.024 from the trainer's on average). So the copy's head (``_topk_exact_head``) runs in
+bfloat16 to rank the vocabulary, then recomputes the ``EXACT_TOP`` highest logits of each row in float32 from
+the float32 weights: the tokens that hold almost all the probability, and so almost every sampled token and the
+log-sum-exp, get the trainer's logits; the rest keep their rounded ones (their errors, small against their tiny
+probabilities, average out in the sum). Its bfloat16 weight is re-cast at every refresh that changes the head.
 
 The loss does not take the copy's log-probs on trust: the update scores every sampled response with the
 trainer's model before its first optimizer step (``trainer.update.take_trainer_logprobs``: the first mini-batch's
@@ -24,9 +31,11 @@ from __future__ import annotations
 
 import copy
 import time
+import types
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from ..rollout.logprob_gap import RescoredView
 from .causal_lm import Completion
@@ -52,6 +61,27 @@ def _cast_linear_weights(root: torch.nn.Module, dtype: torch.dtype) -> None:
             for p in (m.weight, m.bias):
                 if p is not None:
                     p.data = p.data.to(dtype)
+
+
+EXACT_TOP = 64  # logits per row the copy's head recomputes in float32 (``_topk_exact_head``)
+
+
+def _topk_exact_head(self, x: torch.Tensor) -> torch.Tensor:
+    """The copy's LM head (bound to it): bfloat16 logits from ``atgrpo_weight_lp``, the ``EXACT_TOP`` highest of
+    each row recomputed in float32 from the float32 ``weight``; float32 logits out."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        x = x.float()
+        logits = F.linear(x.to(self.atgrpo_weight_lp.dtype), self.atgrpo_weight_lp).float()  # (..., V)
+        idx = logits.topk(min(EXACT_TOP, logits.shape[-1]), dim=-1).indices  # (..., k)
+        exact = (self.weight[idx] @ x[..., :, None]).squeeze(-1)  # (..., k, H) @ (..., H, 1)
+        if self.bias is not None:
+            logits, exact = logits + self.bias.float(), exact + self.bias.float()[idx]
+        return logits.scatter_(-1, idx, exact)
+
+
+def _cast_head(head: torch.nn.Module, dtype: torch.dtype) -> None:
+    """(Re)make the head's ``dtype`` weight from its float32 one."""
+    head.atgrpo_weight_lp = head.weight.detach().to(dtype)
 
 
 class CopyPolicy(RescoredView):
@@ -93,6 +123,10 @@ class RolloutCopies:
             for p in root.parameters():
                 p.requires_grad_(False)
             root.eval()
+            head = root.get_output_embeddings()
+            if head is not None and head.weight.dtype == torch.float32:
+                _cast_head(head, dtype)
+                head.forward = types.MethodType(_topk_exact_head, head)
         self.refresh_s = {"all": time.perf_counter() - t}
 
     @torch.no_grad()
@@ -102,10 +136,15 @@ class RolloutCopies:
         for pid in pids:
             t = time.perf_counter()
             view = self.views[pid]
-            dst = dict(_root(view.sampler.model).named_parameters())
+            root = _root(view.sampler.model)
+            dst = dict(root.named_parameters())
             for name, p in view.policy.model.named_parameters():  # L2: the role's adapter only
                 if p.requires_grad:
                     dst[name].copy_(p)
+            head = root.get_output_embeddings()
+            if head is not None and hasattr(head, "atgrpo_weight_lp") and any(
+                    p.requires_grad for p in _root(view.policy.model).get_output_embeddings().parameters()):
+                _cast_head(head, self.dtype)
             self.refresh_s[pid] = time.perf_counter() - t
 
     def pop_metrics(self) -> dict[str, float]:
