@@ -1,9 +1,9 @@
 """``model.precision``: which precision a run picks on which CPU, and rollouts from a bfloat16 copy of each policy.
 
 The copy must compute what the trainer computes under autocast (its linear weights bfloat16 already; embeddings,
-norms and buffers float32; the LM head's highest logits in float32), be refreshed after every update (else the rollout is off-policy: its
-log-probs drift from the trainer's, which the gap metric shows), share L2's one base model between the roles, and
-hand the loss the trainer's log-probs, not its own.
+norms and buffers float32; the LM head's highest logits in float32), be refreshed after every update (else the
+rollout is off-policy: its log-probs drift from the trainer's, which the gap metric shows), share L2's one base
+model between the roles, and hand the loss the trainer's log-probs, not its own.
 """
 
 from __future__ import annotations

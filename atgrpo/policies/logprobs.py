@@ -7,8 +7,9 @@ one pass: ``d logp / d logits = (onehot(target) - softmax) / T``, written into t
 
 Built from autograd's own pieces (chunk slices, ``gather``, ``logsumexp``) the same computation's backward
 zero-filled a logits-sized gradient for every chunk slice and every gather, added them up, and recomputed
-``exp(x - lse)`` from the saved logits: on SmolLM2-135M's 49k-token vocabulary that was about a fifth of an
-update's time (docs/performance.md, "The loss's log-probs").
+``exp(x - lse)`` from the saved logits: on SmolLM2-135M's 49k-token vocabulary, 258 ms per 505-position
+micro-batch against 60 ms here (``python benchmarks/head_cost.py``; docs/performance.md, "The LM head and the
+loss's log-probs").
 
 ``rows`` lets many targets read one position's logits (the K responses to one prompt all predict their first
 token from the prompt's last position) without copying that row K times: the softmax is taken once per

@@ -13,8 +13,9 @@ the weights, their gradients and the AdamW states in float32 (``model.dtype: flo
 bfloat16; normalisations, softmax and the loss stay in float32; the optimizer updates float32 weights.
 
 One exception, on purpose: the output layer (LM head) runs in its weights' dtype with autocast off. Its logits
-feed every log-prob of the loss and of sampling; bfloat16 logits of size ~20 are rounded to steps of 0.125,
-which would move each token's log-prob (and so the importance ratio) by up to that much. With float32 master
+feed every log-prob of the loss; bfloat16 logits of size ~20 are rounded to steps of 0.125, which would move
+each token's log-prob (and so the importance ratio) by up to that much. (The rollout copy samples from a head
+that ranks in bfloat16 and recomputes each row's highest logits in float32: ``rollout_copy.py``.) With float32 master
 weights the head is a float32 matmul; with bfloat16 weights (``model.dtype: bfloat16``, e.g. L2's frozen base)
 it stays the bfloat16 matmul it was.
 

@@ -7,11 +7,11 @@ the normalisations and the LM head stay float32. Autocast casts every weight aga
 decoding (one forward per new token) costs more than the bfloat16 matmul saves. So sampling runs on a separate
 copy (``RolloutCopies``) whose linear layers hold their weights in bfloat16 already: it runs under the same
 autocast, which finds nothing left to cast, and so computes what the trainer computes (scored side by side on
-SmolLM2-135M: the same log-probs to the last bit), without the casts. The copy is made once and refreshed in
-place after every update (``refresh``: only the parameters that train, so for per-role LoRA (L2) only the
-role's adapter; the frozen base is cast once, and the roles share it). The embeddings, the norms and the
-residual stream stay float32, as under autocast; a whole model in bfloat16 drifts further from the trainer (0.047
-on SmolLM2; ``benchmarks/copy_gap.py``).
+SmolLM2-135M: the same log-probs to the last bit, but for the head, below), without the casts. The copy is
+made once and refreshed in place after every update (``refresh``: only the parameters that train, so for
+per-role LoRA (L2) only the role's adapter; the frozen base is cast once, and the roles share it). The
+embeddings, the norms and the residual stream stay float32, as under autocast; a whole model in bfloat16 drifts
+further from the trainer (0.047 on SmolLM2; ``benchmarks/copy_gap.py``).
 
 The LM head is the largest matmul of a decoding step (on SmolLM2 a fifth of the parameters, 49k logits per row),
 and the trainer runs it in float32. In bfloat16 it rounds logits near 20 to steps of 0.125 (on SmolLM2 that alone
@@ -66,17 +66,26 @@ def _cast_linear_weights(root: torch.nn.Module, dtype: torch.dtype) -> None:
 EXACT_TOP = 64  # logits per row the copy's head recomputes in float32 (``_topk_exact_head``)
 
 
+EXACT_CHUNK_ROWS = 256  # rows per gather of the exact logits: bounds its (rows, EXACT_TOP, hidden) temporary
+
+
 def _topk_exact_head(self, x: torch.Tensor) -> torch.Tensor:
     """The copy's LM head (bound to it): bfloat16 logits from ``atgrpo_weight_lp``, the ``EXACT_TOP`` highest of
     each row recomputed in float32 from the float32 ``weight``; float32 logits out."""
     with torch.autocast(device_type=x.device.type, enabled=False):
         x = x.float()
         logits = F.linear(x.to(self.atgrpo_weight_lp.dtype), self.atgrpo_weight_lp).float()  # (..., V)
-        idx = logits.topk(min(EXACT_TOP, logits.shape[-1]), dim=-1).indices  # (..., k)
-        exact = (self.weight[idx] @ x[..., :, None]).squeeze(-1)  # (..., k, H) @ (..., H, 1)
         if self.bias is not None:
-            logits, exact = logits + self.bias.float(), exact + self.bias.float()[idx]
-        return logits.scatter_(-1, idx, exact)
+            logits = logits + self.bias.float()
+        flat, xs = logits.view(-1, logits.shape[-1]), x.reshape(-1, x.shape[-1])
+        for s in range(0, flat.shape[0], EXACT_CHUNK_ROWS):
+            rows = flat[s:s + EXACT_CHUNK_ROWS]
+            idx = rows.topk(min(EXACT_TOP, rows.shape[-1]), dim=-1).indices  # (n, k)
+            exact = (self.weight[idx] @ xs[s:s + EXACT_CHUNK_ROWS, :, None]).squeeze(-1)  # (n, k, H) @ (n, H, 1)
+            if self.bias is not None:
+                exact = exact + self.bias.float()[idx]
+            rows.scatter_(-1, idx, exact)
+        return logits
 
 
 def _cast_head(head: torch.nn.Module, dtype: torch.dtype) -> None:
