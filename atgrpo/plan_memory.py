@@ -101,7 +101,7 @@ def micro_batch(r: RunSettings) -> MicroBatch:
     big alone is split into sub-groups of ``(budget - P) // (M - 1)`` rows); one packed forward runs
     ``G * P + R * (M - 1)`` tokens and takes logits at ``G + R * (M - 1)`` positions. Without shared prefix
     (``response_logprobs``): ``micro_batch_size`` sequences of ``P + M`` tokens, logits at the ``M + 1`` last
-    positions of each, then gathered to ``M`` (a second copy, counted in ``logits_bytes``)."""
+    positions of each (each target read where it is: no gathered copy)."""
     P, M, K = r.prompt_tokens, r.new_tokens, r.K
     if not r.shared_prefix:
         B = r.micro_batch_size
@@ -141,16 +141,11 @@ def response_attention_bytes(s: ModelShape, mb: MicroBatch, b: int) -> int:
     return s.heads * (mb.prompt + mb.response) * score_bytes + 2 * s.heads * s.head_dim * b
 
 
-def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings) -> int:
-    """The LM head's output where the loss needs it: ``logit_rows * vocab``. ``token_logprobs`` reads it in float32
-    (a float32 copy for bfloat16 logits, or the logits / T copy) and ``logsumexp`` keeps that for the backward;
-    the backward then makes its float32 gradient: two float32 tensors of ``logit_rows * vocab`` at the peak.
-    Without shared prefix ``response_logprobs`` also gathers the kept logits into a ``(B, M, V)`` copy in the
-    model's dtype."""
-    b = mb.logit_rows * s.vocab * 4 * 2
-    if not r.shared_prefix:
-        b += mb.rows * mb.response * s.vocab * act_bytes(r)
-    return b
+def logits_bytes(s: ModelShape, mb: MicroBatch) -> int:
+    """The LM head's output where the loss needs it: ``logit_rows * vocab``. ``token_logprobs`` keeps its float32
+    softmax for the backward (which turns it into the gradient in place) while the logits themselves are alive:
+    two float32 tensors of ``logit_rows * vocab`` at the peak."""
+    return mb.logit_rows * s.vocab * 4 * 2
 
 
 def autocast_extra_bytes(s: ModelShape, r: RunSettings) -> tuple[int, int]:
@@ -180,7 +175,7 @@ def activation_bytes(s: ModelShape, r: RunSettings) -> int:
     one_layer = mb.tokens * (layer_activation_elements(s) * b + extra_per_token) + attn
     residual = DTYPE_BYTES[r.dtype]  # the residual stream and the norms: the weights' dtype (float32 under autocast)
     kept = s.layers * (mb.tokens * s.hidden * residual) if r.gradient_checkpointing else s.layers * one_layer
-    return kept + one_layer + 3 * mb.tokens * s.hidden * residual + logits_bytes(s, mb, r) + weight_copies
+    return kept + one_layer + 3 * mb.tokens * s.hidden * residual + logits_bytes(s, mb) + weight_copies
 
 
 def kv_cache_bytes(s: ModelShape, r: RunSettings) -> int:
