@@ -25,9 +25,9 @@ import time
 import types
 
 import torch
-import torch.nn.functional as F
 
 from atgrpo.bench.common import autocast_twin, chat_prompt_texts, hf_policy
+from atgrpo.policies.precision import _exact_head_forward
 from atgrpo.policies.rollout_copy import RolloutCopies
 from atgrpo.policies.shared_prefix import shared_prefix_logprobs
 
@@ -39,14 +39,8 @@ def _plain_head(view, dtype):
     out.model = copy.deepcopy(view.model)
     head = out.model.get_output_embeddings()
     head.weight = torch.nn.Parameter(head.weight.detach().to(dtype), requires_grad=False)
-    head.forward = types.MethodType(_own_dtype_forward, head)
+    head.forward = types.MethodType(_exact_head_forward, head)  # the trainer's head: its weight's dtype, no autocast
     return out
-
-
-def _own_dtype_forward(self, x):
-    """A linear layer in its weight's dtype, autocast off."""
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        return F.linear(x.to(self.weight.dtype), self.weight, self.bias)
 
 
 def _all_bf16(policy):

@@ -15,12 +15,13 @@ default: 49,152-token vocabulary, hidden size 576).
 from __future__ import annotations
 
 import argparse
-import time
+import statistics
 import types
 
 import torch
 import torch.nn.functional as F
 
+from atgrpo.bench.common import interleaved
 from atgrpo.policies.logprobs import LOGPROB_CHUNK_ROWS, token_logprobs
 from atgrpo.policies.rollout_copy import EXACT_TOP, _cast_head, _topk_exact_head
 
@@ -34,16 +35,9 @@ def autograd_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return torch.cat(out)
 
 
-def interleaved(fns: dict, reps: int) -> dict[str, float]:
-    """Median seconds of each function, the functions run in turn, one warm-up round first."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for r in range(reps + 1):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            if r:
-                times[k].append(time.perf_counter() - t)
-    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+def medians(fns: dict, reps: int) -> dict[str, float]:
+    """Median seconds of each function over ``reps`` interleaved repetitions, one warm-up round first."""
+    return {k: statistics.median(v) for k, v in interleaved(fns, reps, warmup=1).items()}
 
 
 def main(argv=None) -> dict:
@@ -67,7 +61,7 @@ def main(argv=None) -> dict:
             (fn(logits, targets) * w).sum().backward()
         return run
 
-    loss_s = interleaved({"autograd": loss(autograd_logprobs),
+    loss_s = medians({"autograd": loss(autograd_logprobs),
                           "token_logprobs": loss(lambda x, t: token_logprobs(x, t, 1.0))}, args.reps)
 
     head = torch.nn.Linear(args.hidden, args.vocab, bias=False)
@@ -78,7 +72,7 @@ def main(argv=None) -> dict:
     topk = types.MethodType(_topk_exact_head, head)
     with torch.no_grad():
         exact, mixed = F.linear(h, head.weight), topk(h)
-        head_s = interleaved({"float32": lambda: F.linear(h, head.weight), "topk_exact": lambda: topk(h)}, args.reps)
+        head_s = medians({"float32": lambda: F.linear(h, head.weight), "topk_exact": lambda: topk(h)}, args.reps)
     top = exact.topk(EXACT_TOP // 2, dim=-1).indices
     out = {"threads": args.threads, "vocab": args.vocab,
            "loss": {"positions": args.positions, **loss_s, "speedup": loss_s["autograd"] / loss_s["token_logprobs"]},

@@ -13,6 +13,23 @@ def _reference(logits, targets, temperature, rows=None):
     return torch.log_softmax(x / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_equal_log_softmax_gather_across_chunks(temperature):
+    """The chunked target log-probabilities (and their gradients) equal log_softmax + gather, on more rows than
+    one chunk holds."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, LOGPROB_CHUNK_ROWS // 2 + 7, 50, generator=g, requires_grad=True)
+    targets = torch.randint(0, 50, (3, LOGPROB_CHUNK_ROWS // 2 + 7), generator=g)
+    ours = token_logprobs(logits, targets, temperature)
+    ref = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
+    w = torch.randn(ref.shape, generator=g)
+    (ga,) = torch.autograd.grad((ours * w).sum(), logits)
+    (gb,) = torch.autograd.grad((ref * w).sum(), logits)
+    torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-6)
+    assert token_logprobs(logits[:, :0], targets[:, :0], temperature).shape == (3, 0)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_shared_rows_equal_reference_values_and_gradients(temperature):
     """Several targets read one position (K responses predicting their first token from one prompt), over more

@@ -323,25 +323,6 @@ def test_cascade_with_grouped_query_attention(arch):
         assert a == pytest.approx(b, abs=1e-5)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_token_logprobs_equal_log_softmax_gather_across_chunks(temperature):
-    """The chunked target log-probabilities (and their gradients) equal log_softmax + gather, on more rows than
-    one chunk holds."""
-    from atgrpo.policies.logprobs import LOGPROB_CHUNK_ROWS, token_logprobs
-
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, LOGPROB_CHUNK_ROWS // 2 + 7, 50, generator=g, requires_grad=True)
-    targets = torch.randint(0, 50, (3, LOGPROB_CHUNK_ROWS // 2 + 7), generator=g)
-    ours = token_logprobs(logits, targets, temperature)
-    ref = torch.log_softmax(logits / temperature, -1).gather(-1, targets[..., None]).squeeze(-1)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
-    w = torch.randn(ref.shape, generator=g)
-    (ga,) = torch.autograd.grad((ours * w).sum(), logits)
-    (gb,) = torch.autograd.grad((ref * w).sum(), logits)
-    torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-6)
-    assert token_logprobs(logits[:, :0], targets[:, :0], temperature).shape == (3, 0)
-
-
 def test_sample_tokens_draws_each_row_from_its_own_distribution():
     """Inverse-CDF sampling: per-row frequencies match each (unnormalised) row, zero-probability tokens are never
     drawn, and the draw is a function of the generator's seed."""
