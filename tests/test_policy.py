@@ -255,16 +255,18 @@ FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 
 
 def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
-    """Cascade attention (cascade.py: torch's fused CPU kernel, and the plain ops it uses elsewhere) and the
-    in-place cache (kv_cache.py) compute what DynamicCache does: same tokens, same log-probs, with rows dropping
-    out early and a reservation too small (so it has to regrow)."""
+    """The model-forward decoder (engine/reference.py): cascade attention (cascade.py: torch's fused CPU kernel,
+    and the plain ops it uses elsewhere) and the in-place cache (kv_cache.py) compute what DynamicCache does: same
+    tokens, same log-probs, with rows dropping out early and a reservation too small (so it has to regrow). The
+    native decoder's own step is held to the same (tests/test_engine.py)."""
     from transformers import DynamicCache
 
+    import atgrpo.engine.reference as reference
     import atgrpo.policies.cascade as cascade_mod
-    import atgrpo.policies.causal_lm as causal_lm
     from atgrpo.policies.kv_cache import ReservedCache
 
     pol = _policy(2)
+    pol.native_decoder = False
     assert pol.cascade  # the tiny policy is a Llama: cascade decoding is on by default
     handle = _bias_logits(pol, {EOS: 3.0})
     ids = [pol.encode(p) for p in PROMPTS]
@@ -274,7 +276,7 @@ def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
                                        ("reserved", False, ReservedCache),
                                        ("regrowing", False, lambda cap: ReservedCache(4)),
                                        ("dynamic", False, lambda cap: DynamicCache())]:
-            monkeypatch.setattr(causal_lm, "ReservedCache", factory)
+            monkeypatch.setattr(reference, "ReservedCache", factory)
             monkeypatch.setattr(cascade_mod, "_FLASH_CPU", None if name == "cascade_plain" else FLASH_CPU)
             pol.cascade = cascade
             comps = pol.generate(ids, 5, 1.0, 25, torch.Generator().manual_seed(7))
@@ -312,6 +314,7 @@ def test_cascade_with_grouped_query_attention(arch):
         num_key_value_heads=2, max_position_embeddings=256)
     pol = CausalLMPolicy("p", getattr(transformers, f"{arch}ForCausalLM")(cfg), ByteTokenizer())
     assert pol.cascade
+    pol.native_decoder = False  # the model-forward decoder (the native one: tests/test_engine.py)
     ids = [pol.encode(p) for p in PROMPTS]
     out = {}
     for flag in (True, False):
@@ -326,7 +329,7 @@ def test_cascade_with_grouped_query_attention(arch):
 def test_sample_tokens_draws_each_row_from_its_own_distribution():
     """Inverse-CDF sampling: per-row frequencies match each (unnormalised) row, zero-probability tokens are never
     drawn, and the draw is a function of the generator's seed."""
-    from atgrpo.policies.causal_lm import sample_tokens
+    from atgrpo.engine.sampling import sample_tokens
 
     probs = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0],  # sums to 4: 0.5 / 0.25 / 0.25
                           [1e-3, 0.0, 0.0, 0.0, 0.0, 0.999]])
@@ -346,7 +349,7 @@ def test_sample_tokens_draws_each_row_from_its_own_distribution():
 def test_sample_tokens_across_blocks_matches_the_distribution_and_never_draws_a_zero():
     """The two-level draw over a vocabulary of several blocks (600 tokens: blocks of 256, the last one padded):
     mass in three blocks, zeros at block edges, a row whose whole mass is one token."""
-    from atgrpo.policies.causal_lm import SAMPLE_BLOCK, sample_tokens
+    from atgrpo.engine.sampling import SAMPLE_BLOCK, sample_tokens
 
     probs = torch.zeros(2, 600)
     picks = {10: 1.0, 254: 2.0, SAMPLE_BLOCK: 1.0, 2 * SAMPLE_BLOCK - 1: 3.0, 599: 1.0}  # 255, 256+... are zero

@@ -120,8 +120,7 @@ def run(args) -> int:
     if args.prompts:
         kw["prompts"] = args.prompts
     if args.prompt_len:
-        lo, _, hi = args.prompt_len.partition("-")
-        kw["prompt_len"] = (int(lo), int(hi or lo))
+        kw["prompt_len"] = _prompt_len(args.prompt_len)
     for key in ("K", "new_tokens"):
         if getattr(args, key):
             kw[key] = getattr(args, key)
@@ -164,6 +163,14 @@ def _count(seeds: str | None) -> int | None:
     return int(seeds)
 
 
+def _prompt_len(text: str) -> tuple[int, int]:
+    """``--prompt-len``: N or LO-HI tokens."""
+    lo, _, hi = text.partition("-")
+    if not lo.isdigit() or not (hi or lo).isdigit() or int(lo) > int(hi or lo):
+        raise SystemExit(f"atgrpo bench: --prompt-len takes N or LO-HI tokens (got {text!r})")
+    return int(lo), int(hi or lo)
+
+
 def _run_engines(args) -> int:
     import torch
 
@@ -178,11 +185,14 @@ def _run_engines(args) -> int:
         raise SystemExit(f"atgrpo bench: --engine takes native and/or vllm, comma-separated (got {args.engine!r})")
     cmd = " ".join(["atgrpo bench rollout --engine", args.engine] + (["--model", args.model] if args.model else [])
                    + (["--train-step"] if args.train_step else [])
-                   + (["--precision", args.precision] if args.precision != "float32" else []))
+                   + (["--precision", args.precision] if args.precision != "float32" else [])
+                   + [f"--{f.replace('_', '-')} {getattr(args, f)}" if len(f) > 1 else f"-{f} {getattr(args, f)}"
+                      for f in ("prompts", "K", "prompt_len", "new_tokens", "reps", "warmup", "threads")
+                      if getattr(args, f) is not None])
     vcfg = VLLMConfig(python=args.vllm_python, cpu_threads=args.vllm_threads)
     tag = args.tag or "engines"
     bench_engines(engines, args.out, f"rollout_{tag}", cmd, model_path=args.model,
-                  prompts=args.prompts or 8, prompt_tokens=int(args.prompt_len or 300), K=args.K or 8,
+                  prompts=args.prompts or 8, prompt_tokens=_prompt_len(args.prompt_len or "300"), K=args.K or 8,
                   new_tokens=args.new_tokens or 64, reps=args.reps, warmup=args.warmup, seed=args.seed,
                   vllm_cfg=vcfg, train_step=args.train_step,
                   precisions=("float32", "bfloat16") if args.precision == "both" else ("float32",))

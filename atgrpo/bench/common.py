@@ -84,20 +84,22 @@ def hf_policy(model_path: str | None, preset: str | None, max_prompt_tokens: int
     return make_hf_policy(policy_id, model, tok, mcfg), mcfg
 
 
-def chat_prompt_texts(policy, count: int, target_tokens: int, seed: int) -> list[str]:
-    """``count`` chat prompts of about ``target_tokens`` tokens, rendered through the model's chat template:
-    Plan-Path observations (10x10 grids), the user message extended with more text until the rendered prompt
-    reaches the target."""
+def chat_prompt_texts(policy, count: int, target_tokens: int | tuple[int, int], seed: int) -> list[str]:
+    """``count`` chat prompts of about ``target_tokens`` tokens (``(lo, hi)``: targets spread evenly from lo to
+    hi), rendered through the model's chat template: Plan-Path observations (10x10 grids), the user message
+    extended with more text until the rendered prompt reaches its target."""
     from ..envs import make
 
+    lo, hi = target_tokens if isinstance(target_tokens, tuple) else (target_tokens, target_tokens)
     out = []
     for i in range(count):
+        target = lo + (hi - lo) * i // max(1, count - 1)
         env = make("plan_path", style="chat", size=10, wall_prob=0.22, max_turns=4)
         env.reset(seed * 1000 + i)
         msgs = env.observe()
         text = policy.render(msgs)
         extra = 0
-        while len(policy.encode(text)) < target_tokens:
+        while len(policy.encode(text)) < target:
             extra += 1
             more = [dict(m) for m in msgs]
             more[-1]["content"] = more[-1]["content"] + "\nNote: " + " ".join(f"cell {extra}-{j} checked"
@@ -111,7 +113,7 @@ def bench_prompts(shape: Shape, policy: CausalLMPolicy, count: int | None = None
     """The prompt texts of a benchmark: random byte strings for the tiny model, chat prompts for a real one."""
     if shape.model == "tiny":
         return prompt_texts(shape, count)
-    return chat_prompt_texts(policy, count or shape.prompts, shape.prompt_len[0], shape.seed)
+    return chat_prompt_texts(policy, count or shape.prompts, tuple(shape.prompt_len), shape.seed)
 
 
 def response_token_range(policy: CausalLMPolicy) -> tuple[int, int]:

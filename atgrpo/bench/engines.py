@@ -24,13 +24,14 @@ from .common import (bf16_rollout_view, chat_prompt_texts, hf_policy, interleave
 
 
 def bench_engines(engines: list[str], out_dir: str, name: str, command: str, model_path: str | None = None,
-                  preset: str | None = "smollm2-135m", prompts: int = 8, prompt_tokens: int = 300, K: int = 8,
+                  preset: str | None = "smollm2-135m", prompts: int = 8, prompt_tokens: int | tuple[int, int] = 300, K: int = 8,
                   new_tokens: int = 64, reps: int = 3, warmup: int = 1, seed: int = 0, vllm_cfg=None,
                   train_step: bool = False, precisions: tuple[str, ...] = ("float32",)) -> dict:
     from ..config import VLLMConfig
 
     vcfg = vllm_cfg or VLLMConfig()
-    policy, mcfg = hf_policy(model_path, preset, max(4096, prompt_tokens + 64))
+    longest = max(prompt_tokens) if isinstance(prompt_tokens, tuple) else prompt_tokens
+    policy, mcfg = hf_policy(model_path, preset, max(4096, longest + 64))
     policy.model.eval()
     prompt_ids = [policy.encode(t) for t in chat_prompt_texts(policy, prompts, prompt_tokens, seed)]
     P, T, expect = len(prompt_ids), new_tokens, len(prompt_ids) * K * new_tokens

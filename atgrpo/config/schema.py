@@ -117,7 +117,8 @@ class RolloutConfig:
     problems_per_step: int = at_least(16, 1)
     temperature: float = at_least(1.0, 0)
     max_new_tokens: int = at_least(12, 1)
-    engine: Literal["native", "vllm"] = "native"  # native (cascade decoding on transformers) | vllm (model.kind=hf)
+    engine: Literal["native", "vllm"] = "native"  # native (atgrpo/engine: cascade decoding) | vllm (model.kind=hf)
+    cuda_graphs: bool = True  # native engine on a GPU: replay each decoding step as a captured CUDA graph
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     # a role's own sampling, over the values above: {coder: {max_new_tokens: 1024}, tester: {max_new_tokens: 128,
     # temperature: 0.8, stop: ["</test>"]}}; the loss scores each sample at the temperature it was drawn at

@@ -13,40 +13,14 @@ compute.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
+
 from . import cascade
-from .kv_cache import CascadeCache, ReservedCache
 from .logprobs import token_logprobs
-
-
-SAMPLE_BLOCK = 256  # tokens per block of the two-level inverse CDF in ``sample_tokens``
-
-
-def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of ``probs  # (A, V)`` (rows need not sum to 1), drawn by inverting the cumulative
-    distribution with one uniform number per row, in two levels: the row's blocks of ``SAMPLE_BLOCK`` tokens by
-    their summed mass, then the token inside the chosen block; sums and running sums in float64, so that a token
-    of probability 1e-12 keeps an interval of its own size. A token of probability 0 is never drawn (its
-    interval is empty). ``torch.multinomial`` draws V exponential numbers per row instead, and a one-level running
-    sum writes V float64 numbers per row: on SmolLM2's 49k-token vocabulary they cost 16-25x the two levels per
-    decoding step of 64 rows (``python benchmarks/sample_tokens_cost.py``; docs/performance.md)."""
-    A, V = probs.shape
-    pad = (-V) % SAMPLE_BLOCK
-    blocks = (F.pad(probs, (0, pad)) if pad else probs).view(A, -1, SAMPLE_BLOCK)  # (A, nb, S)
-    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (A, nb)
-    u = torch.rand((A, 1), generator=generator, dtype=torch.float64, device=probs.device) * block_cdf[:, -1:]
-    b = torch.searchsorted(block_cdf, u, right=True).clamp_(max=block_cdf.shape[1] - 1)  # (A, 1)
-    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(u))
-    inner = blocks.gather(1, b[:, :, None].expand(-1, -1, SAMPLE_BLOCK)).squeeze(1).double().cumsum(-1)  # (A, S)
-    last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last token of positive probability
-    t = torch.minimum(torch.searchsorted(inner, u - before, right=True), last)  # rounding may not pass it
-    return (b * SAMPLE_BLOCK + t).squeeze(1)
 
 
 @dataclass
@@ -92,6 +66,9 @@ class CausalLMPolicy:
         # decode with cascade attention (cascade.py) on the architectures it is tested on; else one cache copy
         # per branch (ReservedCache)
         self.cascade = cascade.supports(base.config)
+        # decode with the native engine's own step (engine/decoder.py) where it can run the model
+        self.native_decoder = True
+        self.cuda_graphs = True  # on CUDA, replay the native decoding step as captured graphs (engine/graphs.py)
 
     # ---- prompts --------------------------------------------------------------------------------------
     def render(self, prompt: str | list[dict[str, str]]) -> str:
@@ -136,57 +113,44 @@ class CausalLMPolicy:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float, max_new_tokens: int,
                  generator: torch.Generator | None = None) -> list[list[Completion]]:
-        """``n`` completions for each prompt: result[i][k] is branch k of prompt i."""
+        """``n`` completions for each prompt: result[i][k] is branch k of prompt i. Decoded by the native
+        engine's own step (``engine.decoder``) where the model allows, else by the model's forward
+        (``engine.reference``); both draw the same uniform numbers (``engine.sampling``)."""
+        from ..engine import native_generate, reference_generate
+
         if not prompt_ids:
             return []
         was_training = self.model.training
         self.model.eval()
-        B, dev = len(prompt_ids), self.device
-        input_ids, attn = self.pad_prompts(prompt_ids, left=True)  # every prompt ends at column Lp - 1
-        Lp = input_ids.shape[1]
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)  # (B, Lp)
-        shared = self.cascade and n > 1  # each prompt's keys one copy, read once per step for its n branches
-        # else the whole length reserved: decode steps write in place, no per-step copy of the prompt
-        cache = CascadeCache(attn, max_new_tokens) if shared else ReservedCache(Lp + max_new_tokens)
-        last_only = {"logits_to_keep": 1} if self.takes_logits_to_keep else {}  # logits of the last position only
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         **{self.cache_arg: cache}, **last_only)
-        logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # (R, V), R = B * n
-        cache.batch_repeat_interleave(n)
-        attn = attn.repeat_interleave(n, 0)
-        next_pos = pos[:, -1].repeat_interleave(n, 0) + 1  # (R,)
-        R = B * n
-        rows = torch.arange(R, device=dev)  # which output row each live cache row belongs to
-        out_tok = torch.full((R, max_new_tokens), -1, dtype=torch.long, device=dev)  # -1: not generated
-        out_lp = torch.zeros((R, max_new_tokens), device=dev)
-        with cascade.active(self.model, cache) if shared else contextlib.nullcontext():
-            for step in range(max_new_tokens):
-                if temperature > 0:
-                    logp_all = F.log_softmax(logits / temperature, dim=-1)
-                    tok = sample_tokens(logp_all.exp(), generator)  # (A,)
-                    out_lp[rows, step] = logp_all.gather(1, tok[:, None]).squeeze(1)
-                else:
-                    tok = logits.argmax(-1)
-                out_tok[rows, step] = tok
-                finished = tok == self.eos_id
-                if step == max_new_tokens - 1 or bool(finished.all()):
-                    break
-                if bool(finished.any()):  # drop finished rows: they stop costing compute
-                    keep = (~finished).nonzero().squeeze(1)
-                    cache.batch_select_indices(keep)
-                    rows, tok, attn, next_pos = rows[keep], tok[keep], attn[keep], next_pos[keep]
-                attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-                out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                 use_cache=True, **{self.cache_arg: cache})
-                logits = out.logits[:, -1].float()
-                next_pos = next_pos + 1
-        self.model.train(was_training)
+        try:
+            decoder = self.decoder()
+            if decoder is not None:
+                out_tok, out_lp = native_generate(self, decoder, prompt_ids, n, temperature, max_new_tokens,
+                                                  generator)
+            else:
+                out_tok, out_lp = reference_generate(self, prompt_ids, n, temperature, max_new_tokens, generator)
+        finally:
+            self.model.train(was_training)
         comps = []
         for ids_row, lp_row in zip(out_tok.tolist(), out_lp.tolist()):
             ids = [t for t in ids_row if t >= 0]
             done = bool(ids) and ids[-1] == self.eos_id
             comps.append(Completion(ids, lp_row[:len(ids)] if temperature > 0 else [], self.decode(ids), done))
+        B = len(prompt_ids)
         return [comps[i * n:(i + 1) * n] for i in range(B)]
+
+    def decoder(self):
+        """The native engine's decoder of this policy's model (built once per model), or None where it cannot
+        run it (``engine.weights.why_not``) or ``native_decoder`` is off."""
+        from ..engine import Decoder, why_not
+
+        if not self.native_decoder:
+            return None
+        cached = self.__dict__.get("_decoder")
+        if cached is None or cached[0] is not self.model:
+            cached = (self.model, Decoder(self.model) if why_not(self.model) is None else None)
+            self._decoder = cached
+        return cached[1]
 
     # ---- scoring --------------------------------------------------------------------------------------
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]],

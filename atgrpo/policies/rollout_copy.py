@@ -75,17 +75,23 @@ def _topk_exact_head(self, x: torch.Tensor) -> torch.Tensor:
     with torch.autocast(device_type=x.device.type, enabled=False):
         x = x.float()
         logits = F.linear(x.to(self.atgrpo_weight_lp.dtype), self.atgrpo_weight_lp).float()  # (..., V)
-        if self.bias is not None:
-            logits = logits + self.bias.float()
-        flat, xs = logits.view(-1, logits.shape[-1]), x.reshape(-1, x.shape[-1])
-        for s in range(0, flat.shape[0], EXACT_CHUNK_ROWS):
-            rows = flat[s:s + EXACT_CHUNK_ROWS]
-            idx = rows.topk(min(EXACT_TOP, rows.shape[-1]), dim=-1).indices  # (n, k)
-            exact = (self.weight[idx] @ xs[s:s + EXACT_CHUNK_ROWS, :, None]).squeeze(-1)  # (n, k, H) @ (n, H, 1)
-            if self.bias is not None:
-                exact = exact + self.bias.float()[idx]
-            rows.scatter_(-1, idx, exact)
-        return logits
+        return exact_top(self, x, logits)
+
+
+def exact_top(head: torch.nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` (float32, from the head's bfloat16 weight, without its bias) with the bias added and each row's
+    ``EXACT_TOP`` highest recomputed in float32 from ``x`` and the float32 weight, in place."""
+    if head.bias is not None:
+        logits = logits + head.bias.float()
+    flat, xs = logits.view(-1, logits.shape[-1]), x.reshape(-1, x.shape[-1])
+    for s in range(0, flat.shape[0], EXACT_CHUNK_ROWS):
+        rows = flat[s:s + EXACT_CHUNK_ROWS]
+        idx = rows.topk(min(EXACT_TOP, rows.shape[-1]), dim=-1).indices  # (n, k)
+        exact = (head.weight[idx] @ xs[s:s + EXACT_CHUNK_ROWS, :, None]).squeeze(-1)  # (n, k, H) @ (n, H, 1)
+        if head.bias is not None:
+            exact = exact + head.bias.float()[idx]
+        rows.scatter_(-1, idx, exact)
+    return logits
 
 
 def _cast_head(head: torch.nn.Module, dtype: torch.dtype) -> None:

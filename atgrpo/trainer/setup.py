@@ -89,10 +89,13 @@ def _policy(cfg: Config, pid: str, model, tok) -> CausalLMPolicy:
     """A tiny model on the CPU: the plain policy; otherwise ``HFPolicy`` (chat template variables, sampling
     on an accelerator with the trainer's CPU generator)."""
     if cfg.model.kind == "tiny" and cfg.model.device == "cpu":
-        return CausalLMPolicy(pid, model, tok, cfg.model.device, cfg.model.max_prompt_tokens)
-    from ..policies.hf import make_hf_policy
+        policy = CausalLMPolicy(pid, model, tok, cfg.model.device, cfg.model.max_prompt_tokens)
+    else:
+        from ..policies.hf import make_hf_policy
 
-    return make_hf_policy(pid, model, tok, cfg.model)
+        policy = make_hf_policy(pid, model, tok, cfg.model)
+    policy.cuda_graphs = cfg.rollout.cuda_graphs
+    return policy
 
 
 def problem_seed(run_seed: int, step: int, index: int, per_step: int) -> int:

@@ -1,0 +1,251 @@
+"""The native engine's decoding step: the model's layers run by hand over a preallocated, two-part KV cache.
+
+``generate`` (``native.py``) prefills the distinct prompts once with the model's own forward, then decodes their
+``n`` branches with ``Decoder.step``, which computes what the transformers forward computes for Llama, Qwen2 and
+Qwen3 (the same norms and rotary modules, the same math) in far fewer operations:
+
+- one matmul for the query, key and value projections and one for the MLP's gate and up projections
+  (``weights.py``), the rotation of queries and keys together in four elementwise operations;
+- attention in two parts merged by their log-sum-exps (cascade attention): each prompt's keys and values one copy
+  that all its branches read, attended with torch's fused CPU kernel (or the fused SDPA on other devices) with
+  the branches of a prompt stacked as rows; each branch's own keys from one preallocated buffer
+  ``(layers, 2, rows, kv heads, max_new_tokens, head dim)``, written in place at each step;
+- no cache object, mask construction or module dispatch per layer.
+
+Static shapes: with ``static=True`` a step attends over the whole own-key buffer with a bias that hides the
+positions not yet written (the step number is a tensor), so every step of a batch has the same shapes and no
+host synchronisation (``tests/test_engine.py`` records a step's operations and fails on any that would
+synchronise): what CUDA graph capture needs (``graphs.py``). Eager steps on the CPU slice the buffer to the
+positions written instead, which reads less.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from ..policies.cascade import Branches
+from .weights import DecoderWeights, base_model
+
+# torch's fused CPU attention kernel, which also returns each row's log-sum-exp
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+PROFILE = False  # benchmarks/decode_profile.py: mark each part of a step for torch.profiler
+_NULL = contextlib.nullcontext()
+
+
+def part(name: str):
+    """A profiler range named ``decode/<name>`` when ``PROFILE`` is on, else nothing."""
+    return torch.profiler.record_function(f"decode/{name}") if PROFILE else _NULL
+
+
+class DecodeState:
+    """One ``generate`` call's decoding state: the prompts' keys/values (one copy per prompt, per layer), the
+    branches' own keys/values (``own``), which prompt each live row continues (``branches``), and the step."""
+
+    def __init__(self, prompt_k: list[torch.Tensor], prompt_v: list[torch.Tensor], prompt_mask: torch.Tensor,
+                 rows: int, max_new_tokens: int, dtype: torch.dtype):
+        G, Hkv, P, D = prompt_k[0].shape
+        self.prompt_k, self.prompt_v = prompt_k, prompt_v
+        self.branches = Branches(prompt_mask, torch.arange(G, device=prompt_mask.device))
+        self.prompt_bias = self.branches.prompt_bias.to(dtype)  # (G, 1, 1, P): 0 on tokens, -inf on padding
+        self.own = prompt_k[0].new_zeros((len(prompt_k), 2, rows, Hkv, max_new_tokens, D), dtype=dtype)
+        self.t = 0  # positions written per branch
+
+    def expand(self, n: int) -> None:
+        """Each prompt's ``n`` branches as adjacent rows (after the prefill)."""
+        self.branches.set_rows(self.branches.row_prompt.repeat_interleave(n))
+
+    def keep(self, idx: torch.Tensor) -> None:
+        """Keep the rows ``idx`` (in order): drop finished branches, copying only the positions written."""
+        t = self.t
+        own = self.own.new_zeros((*self.own.shape[:2], len(idx), *self.own.shape[3:]))
+        own[..., :t, :] = self.own[:, :, idx, :, :t]
+        self.own = own
+        self.branches.set_rows(self.branches.row_prompt[idx])
+
+
+class Decoder:
+    """Decoding steps of one Llama-family model (``weights.why_not(model)`` is None)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = base_model(model)
+        cfg = self.model.config
+        self.H = cfg.num_attention_heads
+        self.Hkv = getattr(cfg, "num_key_value_heads", None) or self.H
+        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.scale = self.D ** -0.5
+        self.weights = DecoderWeights(self.model)
+        inner = self.model.model
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        auto = getattr(self.model, "atgrpo_autocast", None)
+        self.attn_dtype = auto[1] if auto is not None else self.weights.current()[0].o.dtype
+
+    @torch.no_grad()
+    def prefill(self, prompt_ids: list[list[int]], device) -> tuple[torch.Tensor, list, list, torch.Tensor]:
+        """Run the prompts once: ``(logits of each prompt's last position (G, V) float32, the prompts' keys and
+        values per layer (G, Hkv, P, D), right-padded, and their mask (G, P))``. The prompts are packed into one
+        sequence without padding: every matmul runs once over all their tokens, and each prompt's causal
+        attention is one fused call (no padding mask, so the kernel skips the upper triangle)."""
+        H, Hkv, D = self.H, self.Hkv, self.D
+        lens = [len(p) for p in prompt_ids]
+        G, P, N = len(lens), max(lens), sum(lens)
+        starts = [sum(lens[:i]) for i in range(G)]
+        flat = torch.tensor([t for p in prompt_ids for t in p], dtype=torch.long, device=device)
+        pos = torch.cat([torch.arange(n, device=device) for n in lens])
+        mask = torch.zeros((G, P), dtype=torch.long, device=device)
+        for i, n in enumerate(lens):
+            mask[i, :n] = 1
+        layers = self.weights.current()
+        ldt, adt = layers[0].qkv.dtype, self.attn_dtype
+        with part("prefill"):
+            h = self.embed(flat)  # (N, hidden)
+            cos, sin = self._rotation(h, pos)
+            keys, values = [], []
+            for w in layers:
+                qkv = w.qkv(_rms_norm(w.input_norm, h).to(ldt)).view(N, H + 2 * Hkv, D)
+                q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
+                v = qkv[:, H + Hkv:].to(adt)
+                pk, pv = k.new_zeros((G, Hkv, P, D)), v.new_zeros((G, Hkv, P, D))
+                o = q.new_empty((N, H, D))
+                for i, (s0, n) in enumerate(zip(starts, lens)):
+                    pk[i, :, :n], pv[i, :, :n] = k[s0:s0 + n].transpose(0, 1), v[s0:s0 + n].transpose(0, 1)
+                    o[s0:s0 + n] = F.scaled_dot_product_attention(
+                        q[s0:s0 + n].transpose(0, 1)[None], pk[i:i + 1, :, :n], pv[i:i + 1, :, :n], is_causal=True,
+                        scale=self.scale, enable_gqa=H != Hkv)[0].transpose(0, 1)
+                keys.append(pk)
+                values.append(pv)
+                h = h + w.o(o.view(N, H * D).to(ldt))
+                g, u = w.gate_up(_rms_norm(w.post_norm, h).to(ldt)).chunk(2, -1)
+                h = h + w.down(F.silu(g) * u)
+            last = torch.tensor([s0 + n - 1 for s0, n in zip(starts, lens)], device=device)
+            logits = self.weights.head(_rms_norm(self.norm, h[last]))
+        return logits, keys, values, mask
+
+    def _rotation(self, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary cos and sin at positions ``pos  # (N,)``, (N, 1, D) float32, rotate_half's signs folded into
+        sin (so that ``x cos + roll(x) sin`` is the model's ``x cos + rotate_half(x) sin``)."""
+        cos, sin = self.rotary(h, pos[:, None])
+        half = self.D // 2
+        sin = sin.float()
+        return cos.float(), torch.cat([-sin[..., :half], sin[..., half:]], -1)
+
+    def _rotate(self, w, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Queries and keys of ``qkv  # (N, H + 2 Hkv, D)``, rotated (after Qwen3's per-head norms), in the
+        attention dtype: (N, H + Hkv, D)."""
+        H, Hkv = self.H, self.Hkv
+        if w.q_norm is not None:
+            qk = torch.cat([w.q_norm(qkv[:, :H]), w.k_norm(qkv[:, H:H + Hkv])], 1).float()
+        else:
+            qk = qkv[:, :H + Hkv].float()
+        return (qk * cos + qk.roll(self.D // 2, -1) * sin).to(self.attn_dtype)
+
+    def new_state(self, prompt_k, prompt_v, prompt_mask, rows: int, max_new_tokens: int) -> DecodeState:
+        dt = self.attn_dtype
+        return DecodeState([k.to(dt) for k in prompt_k], [v.to(dt) for v in prompt_v], prompt_mask, rows,
+                           max_new_tokens, dt)
+
+    @torch.no_grad()
+    def step(self, st: DecodeState, tok: torch.Tensor, pos: torch.Tensor, static: bool = False,
+             t: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``(A, V)`` (float32) of the next token of each live row, after feeding it ``tok  # (A,)`` at
+        positions ``pos  # (A,)``; writes the rows' keys/values at own position ``st.t`` (``t``, a tensor, when
+        ``static``) and advances ``st.t``."""
+        H, Hkv, D = self.H, self.Hkv, self.D
+        A = tok.shape[0]
+        layers = self.weights.current()
+        with part("embed_rotary"):
+            h = self.embed(tok)  # (A, hidden)
+            cos, sin = self._rotation(h, pos)  # (A, 1, D)
+        ldt = layers[0].qkv.dtype
+        if static:  # attend the whole own buffer; positions after t hidden
+            written = torch.arange(st.own.shape[-2], device=tok.device) <= t
+            own_bias = torch.zeros(written.shape, dtype=self.attn_dtype, device=tok.device).masked_fill(
+                ~written, float("-inf"))[None, None, None, :]
+            own_len = st.own.shape[-2]
+        else:
+            own_bias, own_len = None, st.t + 1
+        for li, w in enumerate(layers):
+            with part("norm"):
+                x = _rms_norm(w.input_norm, h).to(ldt)
+            with part("matmul"):
+                qkv = w.qkv(x).view(A, H + 2 * Hkv, D)
+            with part("embed_rotary"):
+                q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
+                v = qkv[:, H + Hkv:]
+            with part("cache_write"):
+                own_k, own_v = st.own[li, 0], st.own[li, 1]  # (R, Hkv, T, D)
+                if static:
+                    own_k.index_copy_(2, t.view(1), k[:, :, None])
+                    own_v.index_copy_(2, t.view(1), v.to(self.attn_dtype)[:, :, None])
+                else:
+                    own_k[:, :, st.t] = k
+                    own_v[:, :, st.t] = v
+            with part("attention"):
+                o = self._attention(st, q, own_k[:, :, :own_len], own_v[:, :, :own_len], li, own_bias).to(ldt)
+            with part("matmul"):
+                o = w.o(o)
+            with part("norm"):
+                h = h + o
+                x = _rms_norm(w.post_norm, h).to(ldt)
+            with part("matmul"):
+                g, u = w.gate_up(x).chunk(2, -1)
+            with part("activation"):
+                a = F.silu(g) * u
+            with part("matmul"):
+                a = w.down(a)
+            with part("norm"):
+                h = h + a
+        if not static:
+            st.t += 1
+        with part("norm"):
+            h = _rms_norm(self.norm, h)
+        with part("head"):
+            return self.weights.head(h)
+
+    def _attention(self, st: DecodeState, q: torch.Tensor, own_k, own_v, li: int, own_bias) -> torch.Tensor:
+        """q (A, H, D) -> (A, H * D): softmax over the row's prompt and its own keys, the two parts merged by their
+        log-sum-exps: ``o = o_own + sigmoid(lse_prompt - lse_own) * (o_prompt - o_own)``."""
+        A, H, D = q.shape
+        br, Hkv = st.branches, self.Hkv
+        n_rep = H // Hkv
+        o_r, l_r = _attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale)  # (A, Hkv, n_rep, .)
+        if br.equal_groups:  # the K branches of a prompt stacked as rows: (G, Hkv, K * n_rep, D)
+            K = br.k_max
+            qg = q.view(br.G, K, Hkv, n_rep, D).transpose(1, 2).reshape(br.G, Hkv, K * n_rep, D)
+            o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
+            # back to the rows' layout as views; the elementwise merge below writes (A, Hkv, n_rep, .)
+            o_p = o_p.view(br.G, Hkv, K, n_rep, D).transpose(1, 2).reshape(A, Hkv, n_rep, D)
+            l_p = l_p.view(br.G, Hkv, K, n_rep).transpose(1, 2).reshape(A, Hkv, n_rep)
+        else:  # after rows were dropped: absent slots padded
+            qg = br.to_groups(q[:, :, None], 1).reshape(br.G, Hkv, -1, D)
+            o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
+            part = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), 1)
+            o_p, l_p = part[..., 0, :D].view(A, Hkv, n_rep, D), part[..., 0, D].view(A, Hkv, n_rep)
+        w = torch.sigmoid(l_p - l_r)[..., None]  # the prompt part's share of the softmax mass
+        return torch.lerp(o_r.float(), o_p.float(), w).reshape(A, H * D)
+
+
+def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A float32 RMSNorm module's output on float32 ``x`` from torch's fused kernel (the same numbers as the
+    module's five operations: ``tests/test_engine.py``); any other norm as the module computes it."""
+    w = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", None)
+    if eps is None or w is None or x.dtype != torch.float32 or w.dtype != torch.float32:
+        return norm(x)
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _attend(q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output and log-sum-exp per query row: q (N, Hkv, M, D) against k, v (N, Hkv, S, D)."""
+    if _FLASH_CPU is not None and q.device.type == "cpu":
+        return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if bias is not None:
+        s = s + bias.float()
+    lse = torch.logsumexp(s, -1)
+    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
+

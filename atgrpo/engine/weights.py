@@ -1,0 +1,186 @@
+"""The decoder's view of a transformers Llama / Qwen2 / Qwen3 model: each layer's weights, fused and cast once.
+
+A decoding step of a small model at a few dozen rows is bound by the fixed cost of each operation and by reading
+its weights, not by its arithmetic. So the step runs as few operations as it can: per layer one matmul for the
+query, key and value projections (their weights concatenated, ``qkv``) and one for the MLP's gate and up
+projections (``gate_up``). And on the CPU every weight is prepacked once into oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``, as vLLM's CPU backend and torch's own frozen graphs do): a plain
+``F.linear`` repacks its weight at every call, which at 16 rows costs more than the matmul (float32 layer
+matmuls of SmolLM2 at 16 rows, streamed from memory: 48 ms plain, 19 ms prepacked; docs/performance.md).
+
+The packed weights are copies, made once and made again only when a source weight has changed: every in-place
+write to a tensor (the optimizer's step, a rollout copy's refresh, ``load_state_dict``) bumps its version
+counter, and ``DecoderWeights.current`` compares the versions (and identities) it was built from.
+
+The linear layers compute in the weights' dtype, or the model's autocast dtype when it runs under
+``precision.apply_autocast`` (what its forward computes). Norms, embeddings and the residual stream stay as
+the model has them; the LM head computes what the model's head computes (``Head``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``*ForCausalLM`` module (a peft wrapper's base model)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def why_not(model: torch.nn.Module) -> str | None:
+    """Why the decoder cannot run ``model`` (None: it can): another architecture, adapters (LoRA's layers add
+    their own terms to the linear layers the decoder reads), or a sliding window."""
+    if hasattr(model, "get_base_model") or any(hasattr(m, "lora_A") for m in model.modules()):
+        return "a model with adapters (LoRA)"
+    config = getattr(model, "config", None)
+    mtype = getattr(config, "model_type", None)
+    if mtype not in MODEL_TYPES:
+        return f"model type {mtype!r} (the decoder knows {', '.join(MODEL_TYPES)})"
+    if getattr(config, "use_sliding_window", False) or any(
+            t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
+        return "sliding-window attention"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "an unexpected module layout"
+    return None
+
+
+PACK = True  # prepack CPU weights for oneDNN (off: plain F.linear, for comparison)
+PACK_ROWS = 64  # the row count oneDNN is told to expect (the layout barely depends on it: docs/performance.md)
+
+
+class Linear:
+    """``x @ weight.T + bias`` with ``weight`` (out, in) prepacked for oneDNN where it can be (CPU, float32 or
+    bfloat16), else ``F.linear``."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.dtype, self.out_features = weight.dtype, weight.shape[0]
+        self.bias = bias
+        self.packed = _packed(weight)
+        self.weight = None if self.packed is not None else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def _packed(weight: torch.Tensor) -> torch.Tensor | None:
+    if not (PACK and weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+            and torch.backends.mkldnn.is_available()):
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), PACK_ROWS)
+    except (RuntimeError, AttributeError):  # a build without oneDNN's linear ops: plain matmuls
+        return None
+
+
+class Head:
+    """The LM head as the model computes it, on prepacked weights: a plain linear head in its weights' dtype
+    (with autocast off, as ``precision.apply_autocast`` runs it); a rollout copy's head
+    (``policies/rollout_copy.py``) ranks in bfloat16 and recomputes each row's highest logits in float32. Any
+    other head is called as the module. The module's forward hooks run on the result, as they would."""
+
+    def __init__(self, head: torch.nn.Module):
+        self.module = head
+        self.exact_top = hasattr(head, "atgrpo_weight_lp")
+        plain = type(head) is torch.nn.Linear and "forward" not in head.__dict__
+        autocast_head = getattr(head.forward, "__name__", "") == "_exact_head_forward"
+        if self.exact_top:
+            self.linear = Linear(head.atgrpo_weight_lp.detach(), None)
+        elif plain or autocast_head:
+            self.linear = Linear(head.weight.detach(), None if head.bias is None else head.bias.detach())
+        else:
+            self.linear = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        head = self.module
+        if self.linear is None or head._forward_pre_hooks:
+            return head(x).float()
+        if self.exact_top:
+            from ..policies.rollout_copy import exact_top
+
+            out = exact_top(head, x.float(), self.linear(x.float().to(self.linear.dtype)).float())
+        else:
+            out = self.linear(x.to(self.linear.dtype))
+        for hook in head._forward_hooks.values():
+            r = hook(head, (x,), out)
+            out = out if r is None else r
+        return out.float()
+
+
+@dataclass
+class LayerWeights:
+    qkv: Linear  # (H*D + 2*Hkv*D) outputs
+    o: Linear
+    gate_up: Linear  # 2 * intermediate outputs: gate, then up
+    down: Linear
+    input_norm: torch.nn.Module
+    post_norm: torch.nn.Module
+    q_norm: torch.nn.Module | None  # Qwen3: an RMSNorm per head on queries and keys, before the rotation
+    k_norm: torch.nn.Module | None
+
+
+def _linear_dtype(model: torch.nn.Module) -> torch.dtype:
+    auto = getattr(model, "atgrpo_autocast", None)  # precision.apply_autocast: (device type, dtype)
+    if auto is not None:
+        return auto[1]
+    return model.model.layers[0].self_attn.o_proj.weight.dtype
+
+
+def _sources(model: torch.nn.Module) -> list[torch.Tensor]:
+    head = model.get_output_embeddings()
+    extra = [head.atgrpo_weight_lp] if hasattr(head, "atgrpo_weight_lp") else []  # re-cast at a copy's refresh
+    return [p for layer in model.model.layers for p in (*layer.self_attn.parameters(), *layer.mlp.parameters())
+            ] + list(head.parameters()) + extra
+
+
+def _cat(tensors, dtype) -> torch.Tensor:
+    return torch.cat([t.detach() for t in tensors]).to(dtype).contiguous()
+
+
+def _bias(mods, dtype) -> torch.Tensor | None:
+    if all(m.bias is None for m in mods):
+        return None
+    return _cat([m.bias if m.bias is not None else m.weight.new_zeros(m.weight.shape[0]) for m in mods], dtype)
+
+
+class DecoderWeights:
+    """The fused, cast, packed weights of ``model``'s layers and its head, rebuilt when a source weight changes
+    (``current``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.layers: list[LayerWeights] = []
+        self.head: Head | None = None
+        self._stamp: list[tuple[int, int]] = []
+
+    def current(self) -> list[LayerWeights]:
+        stamp = [(id(p), p._version) for p in _sources(self.model)]
+        if stamp != self._stamp:
+            self.layers, self._stamp = [], []  # free the old copies before making the new ones
+            self.layers = self._build()
+            self.head = Head(self.model.get_output_embeddings())
+            self._stamp = stamp
+        return self.layers
+
+    @torch.no_grad()
+    def _build(self) -> list[LayerWeights]:
+        dtype = _linear_dtype(self.model)
+        out = []
+        for layer in self.model.model.layers:
+            a, m = layer.self_attn, layer.mlp
+            qkv, gu = (a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)
+            out.append(LayerWeights(
+                qkv=Linear(_cat([x.weight for x in qkv], dtype), _bias(qkv, dtype)),
+                o=Linear(_cat([a.o_proj.weight], dtype), _bias([a.o_proj], dtype)),
+                gate_up=Linear(_cat([x.weight for x in gu], dtype), _bias(gu, dtype)),
+                down=Linear(_cat([m.down_proj.weight], dtype), _bias([m.down_proj], dtype)),
+                input_norm=layer.input_layernorm, post_norm=layer.post_attention_layernorm,
+                q_norm=getattr(a, "q_norm", None), k_norm=getattr(a, "k_norm", None)))
+        return out
