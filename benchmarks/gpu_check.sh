@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU check: short AT-GRPO trainings on CUDA (configs/gpu_smollm2.yaml: Plan-Path, chat prompts, SmolLM2-135M-
+# GPU check: first the rollout engine (benchmarks/engine_check.py: the model-forward decoder, the native step
+# eager and replayed as CUDA graphs, tokens/s and peak memory, tokens compared; about a minute), then short
+# AT-GRPO trainings on CUDA (configs/gpu_smollm2.yaml: Plan-Path, chat prompts, SmolLM2-135M-
 # Instruct, K=8, 8 problems per step) under bfloat16 autocast, once per sharing level in $SHARINGS (default
 # L2: per-role LoRA on a bfloat16 base; L3: one float32-master model per role), printing per step the time,
 # tokens/s, rewards and success, then the peak GPU memory; then benchmarks/loss_check.py: the loss and gradient
@@ -10,13 +12,14 @@
 #   bash benchmarks/gpu_check.sh
 #
 # Sized for a 15-minute GPU lease: on an H200 one step of 32 problems x K=8 took 209 s, rollout-bound (docs/models.md),
-# so the defaults run 2 steps of 8 problems per sharing level (about 3 minutes each).
+# so the defaults run 2 steps of 8 problems per sharing level (about 3 minutes each, before the native engine's
+# own step and graphs).
 # Knobs (environment): STEPS=2 PROBLEMS=8 K=8 MAX_NEW=128 EVAL=8 SHARINGS="L2 L3" DEVICE=cuda AUTOCAST=bfloat16;
 # UNCONFINED=1 runs the tool agent's programs without the sandbox where it cannot isolate them (a throwaway machine);
 # MODEL_PATH=/models/Qwen3-1.7B runs another local Hugging Face model instead of the SmolLM2 preset;
 # DEVICE=cpu AUTOCAST=none STEPS=1 PROBLEMS=2 K=2 MAX_NEW=8 EVAL=1 is a dry run without a GPU.
-# Outputs in $OUT (default /tmp/gpu_check_out): gpu_check.log, <sharing>/metrics.jsonl and summary.json,
-# gpu_mem_<sharing>.csv, loss_check.json.
+# Outputs in $OUT (default /tmp/gpu_check_out): gpu_check.log, engine_check.json, <sharing>/metrics.jsonl and
+# summary.json, gpu_mem_<sharing>.csv, loss_check.json. ENGINE_ONLY=1 stops after the engine check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
@@ -34,6 +37,11 @@ MODEL=()
 [ -n "${MODEL_PATH:-}" ] && MODEL=(model.preset=null "model.path=$MODEL_PATH")
 
 rc=0
+echo "== engine: model-forward decoder vs native step, eager and CUDA graphs ($DEVICE)"
+timeout 240 python3 benchmarks/engine_check.py --device "$DEVICE" ${MODEL_PATH:+--model "$MODEL_PATH"} \
+  $([ "$DEVICE" = cpu ] && echo "--prompts 2 -K 2 --new-tokens 8 --reps 1") > "$OUT/engine_check.json" || rc=1
+cat "$OUT/engine_check.json"
+[ "${ENGINE_ONLY:-0}" = 1 ] && exit $rc
 for SHARING in $SHARINGS; do
   # L2: the frozen base in bfloat16, the adapters float32; L1/L3: float32 master weights (autocast computes in bf16)
   DTYPE=float32; [ "$SHARING" = L2 ] && [ "$DEVICE" != cpu ] && DTYPE=bfloat16

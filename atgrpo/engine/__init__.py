@@ -5,7 +5,7 @@
   ``weights.py``), exact sampled log-probs (``sampling.py``), weights read in place (updated every step), CUDA
   graphs of the step on a GPU (``graphs.py``); models it cannot run decode through their own forward
   (``reference.py``);
-- the vLLM engine (``rollout/vllm_engine.py``): vLLM in a separate process, weights synced after each update.
+- the vLLM engine (``vllm.py``, its server process ``vllm_server.py``): vLLM in a separate process, weights synced after each update.
 
 Both are reached through a policy's ``generate(prompt_ids, n, temperature, max_new_tokens, generator)``
 (``policies.protocol.Policy``).

@@ -92,6 +92,8 @@ class Decoder:
         attention is one fused call (no padding mask, so the kernel skips the upper triangle)."""
         H, Hkv, D = self.H, self.Hkv, self.D
         lens = [len(p) for p in prompt_ids]
+        if not lens or min(lens) == 0:
+            raise ValueError("generate: every prompt needs at least one token")
         G, P, N = len(lens), max(lens), sum(lens)
         starts = [sum(lens[:i]) for i in range(G)]
         flat = torch.tensor([t for p in prompt_ids for t in p], dtype=torch.long, device=device)
@@ -138,9 +140,10 @@ class Decoder:
         attention dtype: (N, H + Hkv, D)."""
         H, Hkv = self.H, self.Hkv
         if w.q_norm is not None:
-            qk = torch.cat([w.q_norm(qkv[:, :H]), w.k_norm(qkv[:, H:H + Hkv])], 1).float()
+            qk = torch.cat([w.q_norm(qkv[:, :H]), w.k_norm(qkv[:, H:H + Hkv])], 1)
         else:
-            qk = qkv[:, :H + Hkv].float()
+            qk = qkv[:, :H + Hkv]
+        # float32 cos/sin promote a bfloat16 qk exactly, as in the model's forward under autocast
         return (qk * cos + qk.roll(self.D // 2, -1) * sin).to(self.attn_dtype)
 
     def new_state(self, prompt_k, prompt_v, prompt_mask, rows: int, max_new_tokens: int) -> DecodeState:
@@ -212,22 +215,25 @@ class Decoder:
         A, H, D = q.shape
         br, Hkv = st.branches, self.Hkv
         n_rep = H // Hkv
-        o_r, l_r = _attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale)  # (A, Hkv, n_rep, .)
+        # own part: few keys per row; in float32 plain matmuls beat the fused kernel's per-row set-up
+        o_r, l_r = _attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale,
+                           fused=q.dtype != torch.float32)  # (A, Hkv, n_rep, .)
         if br.equal_groups:  # the K branches of a prompt stacked as rows: (G, Hkv, K * n_rep, D)
-            K = br.k_max
-            qg = q.view(br.G, K, Hkv, n_rep, D).transpose(1, 2).reshape(br.G, Hkv, K * n_rep, D)
+            G, K = br.G, br.k_max
+            qg = q.view(G, K, Hkv, n_rep, D).transpose(1, 2).reshape(G, Hkv, K * n_rep, D)
             o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
-            # back to the rows' layout as views; the elementwise merge below writes (A, Hkv, n_rep, .)
-            o_p = o_p.view(br.G, Hkv, K, n_rep, D).transpose(1, 2).reshape(A, Hkv, n_rep, D)
-            l_p = l_p.view(br.G, Hkv, K, n_rep).transpose(1, 2).reshape(A, Hkv, n_rep)
+            # both parts as (G, K, Hkv, n_rep, .) views, merged straight into the rows' layout
+            o_p, l_p = o_p.view(G, Hkv, K, n_rep, D).transpose(1, 2), l_p.view(G, Hkv, K, n_rep).transpose(1, 2)
+            o_r, l_r = o_r.view(G, K, Hkv, n_rep, D), l_r.view(G, K, Hkv, n_rep)
         else:  # after rows were dropped: absent slots padded
             qg = br.to_groups(q[:, :, None], 1).reshape(br.G, Hkv, -1, D)
             o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
             part = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), 1)
             o_p, l_p = part[..., 0, :D].view(A, Hkv, n_rep, D), part[..., 0, D].view(A, Hkv, n_rep)
         w = torch.sigmoid(l_p - l_r)[..., None]  # the prompt part's share of the softmax mass
-        return torch.lerp(o_r.float(), o_p.float(), w).reshape(A, H * D)
-
+        out = q.new_empty((A, H * D), dtype=torch.float32)
+        torch.lerp(o_r.float(), o_p.float(), w, out=out.view(o_r.shape))
+        return out
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A float32 RMSNorm module's output on float32 ``x`` from torch's fused kernel (the same numbers as the
@@ -239,13 +245,14 @@ def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def _attend(q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output and log-sum-exp per query row: q (N, Hkv, M, D) against k, v (N, Hkv, S, D)."""
-    if _FLASH_CPU is not None and q.device.type == "cpu":
+def _attend(q, k, v, bias, scale, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention output and log-sum-exp per query row: q (N, Hkv, M, D) against k, v (N, Hkv, S, D); on torch's
+    fused CPU kernel where it can (``fused``), else in matmuls with float32 scores."""
+    if fused and _FLASH_CPU is not None and q.device.type == "cpu":
         return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
-    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    s = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     if bias is not None:
         s = s + bias.float()
     lse = torch.logsumexp(s, -1)
-    return (torch.exp(s - lse[..., None]) @ v.float()).to(q.dtype), lse
+    return torch.matmul(torch.exp(s - lse[..., None]).to(v.dtype), v), lse
 

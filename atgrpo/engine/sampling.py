@@ -28,15 +28,16 @@ def draw_uniforms(steps: int, rows: int, generator: torch.Generator | None, devi
 def sample_from(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of ``probs  # (A, V)`` (rows need not sum to 1) for the uniform numbers ``u  # (A,)``,
     by inverting the cumulative distribution in two levels: the row's blocks of ``SAMPLE_BLOCK`` tokens by their
-    summed mass, then the token inside the chosen block; sums and running sums in float64, so that a token of
-    probability 1e-12 keeps an interval of its own size. A token of probability 0 is never drawn (its interval is
+    summed mass, then the token inside the chosen block; the blocks' running sum and the running sum inside the
+    chosen block in float64, so that a token of probability 1e-12 keeps an interval of its own size (a block's
+    own sum is float32: converting every probability to float64 first cost more than the rest of the draw). A token of probability 0 is never drawn (its interval is
     empty). ``torch.multinomial`` draws V exponential numbers per row instead, and a one-level running sum writes V
     float64 numbers per row: on SmolLM2's 49k-token vocabulary they cost 16-25x the two levels per decoding step of
     64 rows (``python benchmarks/sample_tokens_cost.py``). No host synchronisation (static shapes)."""
     A, V = probs.shape
     pad = (-V) % SAMPLE_BLOCK
     blocks = (F.pad(probs, (0, pad)) if pad else probs).view(A, -1, SAMPLE_BLOCK)  # (A, nb, S)
-    block_cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # (A, nb)
+    block_cdf = blocks.sum(-1).double().cumsum(-1)  # (A, nb)
     u = u.view(A, 1) * block_cdf[:, -1:]
     b = torch.searchsorted(block_cdf, u, right=True).clamp_(max=block_cdf.shape[1] - 1)  # (A, 1)
     before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(u))
@@ -54,9 +55,11 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None = None)
 def next_tokens(logits: torch.Tensor, temperature: float, u: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The next token of each row of ``logits  # (A, V)`` and its log-probability under ``softmax(logits / T)``
-    (None when greedy: ``temperature == 0`` takes the argmax and ignores ``u``)."""
+    (None when greedy: ``temperature == 0`` takes the argmax and ignores ``u``). Three passes over the
+    vocabulary: the log-sum-exp, the probabilities, their block sums (a full log-softmax tensor is never made)."""
     if temperature <= 0:
         return logits.argmax(-1), None
-    logp_all = F.log_softmax(logits / temperature, dim=-1)
-    tok = sample_from(logp_all.exp(), u)
-    return tok, logp_all.gather(1, tok[:, None]).squeeze(1)
+    x = logits if temperature == 1.0 else logits / temperature
+    lse = torch.logsumexp(x, -1, keepdim=True)  # (A, 1)
+    tok = sample_from(torch.sub(x, lse).exp_(), u)
+    return tok, (x.gather(1, tok[:, None]) - lse).squeeze(1)

@@ -31,7 +31,7 @@ import torch
 
 from ..policies.causal_lm import Completion
 from ..policies.protocol import TrainablePolicy
-from .logprob_gap import RescoredView
+from ..rollout.logprob_gap import RescoredView
 
 PYTHON_ENV = "ATGRPO_VLLM_PYTHON"  # the Python that runs the engine, when rollout.vllm.python is not set
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_server.py")
