@@ -13,7 +13,7 @@ import torch
 from atgrpo.policies import (ByteTokenizer, CausalLMPolicy, Policy, TinyModelConfig, TrainablePolicy,
                              build_tiny_model)
 from atgrpo.policies.tokenizer import BOS, EOS
-from atgrpo.engine.vllm import EnginePolicy
+from atgrpo.engine.vllm_engine import EnginePolicy
 from atgrpo.trainer.backend import Backend, LocalBackend
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)

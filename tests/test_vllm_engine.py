@@ -17,7 +17,7 @@ from hf_dirs import PLAIN_CHAT_TEMPLATE, needs_smollm2, write_tiny_hf_dir
 
 from atgrpo.bench.rollout import copy_gap
 from atgrpo.config import AlgoConfig, ConfigError, VLLMConfig, load_config
-from atgrpo.engine.vllm import (PYTHON_ENV, EnginePolicy, check_no_mixed_adapters, engine_python,
+from atgrpo.engine.vllm_engine import (PYTHON_ENV, EnginePolicy, check_no_mixed_adapters, engine_python,
                                         lora_rank_limit, vllm_missing)
 
 PY = engine_python(VLLMConfig())

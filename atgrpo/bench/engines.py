@@ -116,7 +116,7 @@ def _native(policy, precision: str, prompt_ids, K: int, T: int, gen, counts: dic
 def _vllm_engine(mcfg, vcfg, precision: str, seed: int, max_len: int, policy, reps: int):
     """A started vLLM engine in ``precision`` with the policy's weights, and its start-up and weight-sync times."""
     from ..policies.hf import resolve_model_dir
-    from ..engine.vllm import VLLMEngine
+    from ..engine.vllm_engine import VLLMEngine
 
     t = time.perf_counter()
     engine = VLLMEngine(resolve_model_dir(mcfg), vcfg, dtype=precision, seed=seed, max_model_len=max_len,

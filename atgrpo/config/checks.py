@@ -86,7 +86,7 @@ def _validate_vllm(cfg: Config) -> None:
     if cfg.system.backend != "local":
         raise ConfigError("rollout.engine=vllm runs with system.backend=local (the Ray backend samples with the "
                           "native engine on its rollout workers)")
-    from ..engine.vllm import engine_python, vllm_missing  # local import: pulls in torch
+    from ..engine.vllm_engine import engine_python, vllm_missing  # local import: pulls in torch
 
     err = vllm_missing(engine_python(cfg.rollout.vllm))
     if err:

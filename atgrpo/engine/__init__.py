@@ -5,7 +5,9 @@
   ``weights.py``), exact sampled log-probs (``sampling.py``), weights read in place (updated every step), CUDA
   graphs of the step on a GPU (``graphs.py``); models it cannot run decode through their own forward
   (``reference.py``);
-- the vLLM engine (``vllm.py``, its server process ``vllm_server.py``): vLLM in a separate process, weights synced after each update.
+- the vLLM engine (``vllm_engine.py``): vLLM in a separate process (``vllm_server.py``), weights synced after each
+  update. No module here may be named ``vllm.py``: the server runs as a script from this folder, and its
+  ``import vllm`` would find that module instead of vLLM.
 
 Both are reached through a policy's ``generate(prompt_ids, n, temperature, max_new_tokens, generator)``
 (``policies.protocol.Policy``).

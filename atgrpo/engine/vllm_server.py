@@ -1,4 +1,4 @@
-"""The vLLM engine process: one ``vllm.LLM`` serving token-id requests for the trainer (``vllm.py``).
+"""The vLLM engine process: one ``vllm.LLM`` serving token-id requests for the trainer (``vllm_engine.py``).
 
 Run by the trainer as ``<python> vllm_server.py`` with the Python that has vLLM installed, which may be another
 virtual environment than the trainer's (vLLM pins its own torch and transformers; docs/models.md). This file

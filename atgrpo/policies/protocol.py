@@ -2,7 +2,7 @@
 ``TrainablePolicy`` (that, plus what the update, the warm start and shared-prefix scoring use).
 
 Implementations: ``causal_lm.CausalLMPolicy`` and ``hf.HFPolicy`` are trainable; the Ray driver's
-``trainer.ray.workers.RemotePolicy`` and vLLM's ``engine.vllm.EnginePolicy`` are sampling views of a
+``trainer.ray.workers.RemotePolicy`` and vLLM's ``engine.vllm_engine.EnginePolicy`` are sampling views of a
 trainable policy; the tests' scripted policies are sampling policies (tests/test_protocols.py checks them all).
 Both protocols are ``runtime_checkable``: ``isinstance`` checks that the members exist, not their signatures.
 """

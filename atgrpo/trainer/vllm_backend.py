@@ -1,4 +1,4 @@
-"""``rollout.engine=vllm``: the local backend with rollouts sampled on vLLM (``engine/vllm.py``).
+"""``rollout.engine=vllm``: the local backend with rollouts sampled on vLLM (``engine/vllm_engine.py``).
 
 Engines: L0/L1/L3 one per policy (full weights); L2 one for all roles, every role's LoRA adapter resident
 (``enable_lora``), each request with its role's adapter. After every update the updated policies' weights go
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..config import Config, max_new_tokens_any
 from ..policies.precision import resolve_precision
 from ..rollout.records import Sample
-from ..engine.vllm import EnginePolicy, VLLMEngine, lora_rank_limit, shm_dir
+from ..engine.vllm_engine import EnginePolicy, VLLMEngine, lora_rank_limit, shm_dir
 from .backend import LocalBackend
 from .state import TrainState
 
