@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from atgrpo.policies.causal_lm import sample_tokens
+from atgrpo.engine.sampling import sample_tokens
 
 
 def seconds(fn, reps: int) -> float:

@@ -215,9 +215,7 @@ class Decoder:
         A, H, D = q.shape
         br, Hkv = st.branches, self.Hkv
         n_rep = H // Hkv
-        # own part: few keys per row; in float32 plain matmuls beat the fused kernel's per-row set-up
-        o_r, l_r = _attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale,
-                           fused=q.dtype != torch.float32)  # (A, Hkv, n_rep, .)
+        o_r, l_r = _attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale)  # (A, Hkv, n_rep, .)
         if br.equal_groups:  # the K branches of a prompt stacked as rows: (G, Hkv, K * n_rep, D)
             G, K = br.G, br.k_max
             qg = q.view(G, K, Hkv, n_rep, D).transpose(1, 2).reshape(G, Hkv, K * n_rep, D)
@@ -245,14 +243,19 @@ def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, eps)
 
 
-def _attend(q, k, v, bias, scale, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend(q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention output and log-sum-exp per query row: q (N, Hkv, M, D) against k, v (N, Hkv, S, D); on torch's
-    fused CPU kernel where it can (``fused``), else in matmuls with float32 scores."""
-    if fused and _FLASH_CPU is not None and q.device.type == "cpu":
+    fused CPU kernel on the CPU, else in matmuls with float32 scores (a few small kernels, captured by graphs)."""
+    if _FLASH_CPU is not None and q.device.type == "cpu":
         return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
-    s = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    return attend_math(q, k, v, bias, scale)
+
+
+def attend_math(q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_attend`` in plain tensor operations (any device)."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # float32 scores, as the fused kernel keeps
     if bias is not None:
         s = s + bias.float()
     lse = torch.logsumexp(s, -1)
-    return torch.matmul(torch.exp(s - lse[..., None]).to(v.dtype), v), lse
+    return torch.matmul(torch.exp(s - lse[..., None]), v.float()).to(q.dtype), lse
 
