@@ -14,7 +14,7 @@ import contextlib
 
 import torch
 
-from ..policies import cascade
+from ..policies.cascade import active
 from ..policies.kv_cache import CascadeCache, ReservedCache
 from .sampling import draw_uniforms, next_tokens
 
@@ -42,7 +42,7 @@ def reference_generate(policy, prompt_ids: list[list[int]], n: int, temperature:
     rows = torch.arange(R, device=dev)  # which output row each live cache row belongs to
     out_tok = torch.full((R, T), -1, dtype=torch.long, device=dev)  # -1: not generated
     out_lp = torch.zeros((R, T), device=dev)
-    with cascade.active(model, cache) if shared else contextlib.nullcontext():
+    with active(model, cache) if shared else contextlib.nullcontext():
         for step in range(T):
             tok, lp = next_tokens(logits, temperature, None if u is None else u[step, rows])
             out_tok[rows, step] = tok

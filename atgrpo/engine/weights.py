@@ -50,6 +50,29 @@ def why_not(model: torch.nn.Module) -> str | None:
     return None
 
 
+EXACT_TOP = 64  # logits per row the copy's head recomputes in float32 (``policies/rollout_copy.py``)
+
+
+EXACT_CHUNK_ROWS = 256  # rows per gather of the exact logits: bounds its (rows, EXACT_TOP, hidden) temporary
+
+
+def exact_top(head: torch.nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` (float32, from the head's bfloat16 weight, without its bias) with the bias added and each row's
+    ``EXACT_TOP`` highest recomputed in float32 from ``x`` and the float32 weight, in place."""
+    if head.bias is not None:
+        logits = logits + head.bias.float()
+    flat, xs = logits.view(-1, logits.shape[-1]), x.reshape(-1, x.shape[-1])
+    for s in range(0, flat.shape[0], EXACT_CHUNK_ROWS):
+        rows = flat[s:s + EXACT_CHUNK_ROWS]
+        idx = rows.topk(min(EXACT_TOP, rows.shape[-1]), dim=-1).indices  # (n, k)
+        exact = (head.weight[idx] @ xs[s:s + EXACT_CHUNK_ROWS, :, None]).squeeze(-1)  # (n, k, H) @ (n, H, 1)
+        if head.bias is not None:
+            exact = exact + head.bias.float()[idx]
+        rows.scatter_(-1, idx, exact)
+    return logits
+
+
+
 PACK = True  # prepack CPU weights for oneDNN (off: plain F.linear, for comparison)
 PACK_ROWS = 64  # the row count oneDNN is told to expect (the layout barely depends on it: docs/performance.md)
 
@@ -103,8 +126,6 @@ class Head:
         if self.linear is None or head._forward_pre_hooks:
             return head(x).float()
         if self.exact_top:
-            from ..policies.rollout_copy import exact_top
-
             out = exact_top(head, x.float(), self.linear(x.float().to(self.linear.dtype)).float())
         else:
             out = self.linear(x.to(self.linear.dtype))
@@ -152,7 +173,11 @@ def _bias(mods, dtype) -> torch.Tensor | None:
 
 class DecoderWeights:
     """The fused, cast, packed weights of ``model``'s layers and its head, rebuilt when a source weight changes
-    (``current``)."""
+    (``current``). A deep copy or a pickle carries the model only: oneDNN's packed tensors have no storage to
+    copy, and the copy packs its own at its first step."""
+
+    def __getstate__(self):
+        return {"model": self.model, "layers": [], "head": None, "_stamp": []}
 
     def __init__(self, model: torch.nn.Module):
         self.model = model

@@ -37,6 +37,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..engine.weights import EXACT_TOP, exact_top
 from ..rollout.logprob_gap import RescoredView
 from .causal_lm import Completion
 from .protocol import TrainablePolicy
@@ -63,12 +64,6 @@ def _cast_linear_weights(root: torch.nn.Module, dtype: torch.dtype) -> None:
                     p.data = p.data.to(dtype)
 
 
-EXACT_TOP = 64  # logits per row the copy's head recomputes in float32 (``_topk_exact_head``)
-
-
-EXACT_CHUNK_ROWS = 256  # rows per gather of the exact logits: bounds its (rows, EXACT_TOP, hidden) temporary
-
-
 def _topk_exact_head(self, x: torch.Tensor) -> torch.Tensor:
     """The copy's LM head (bound to it): bfloat16 logits from ``atgrpo_weight_lp``, the ``EXACT_TOP`` highest of
     each row recomputed in float32 from the float32 ``weight``; float32 logits out."""
@@ -76,22 +71,6 @@ def _topk_exact_head(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
         logits = F.linear(x.to(self.atgrpo_weight_lp.dtype), self.atgrpo_weight_lp).float()  # (..., V)
         return exact_top(self, x, logits)
-
-
-def exact_top(head: torch.nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` (float32, from the head's bfloat16 weight, without its bias) with the bias added and each row's
-    ``EXACT_TOP`` highest recomputed in float32 from ``x`` and the float32 weight, in place."""
-    if head.bias is not None:
-        logits = logits + head.bias.float()
-    flat, xs = logits.view(-1, logits.shape[-1]), x.reshape(-1, x.shape[-1])
-    for s in range(0, flat.shape[0], EXACT_CHUNK_ROWS):
-        rows = flat[s:s + EXACT_CHUNK_ROWS]
-        idx = rows.topk(min(EXACT_TOP, rows.shape[-1]), dim=-1).indices  # (n, k)
-        exact = (head.weight[idx] @ xs[s:s + EXACT_CHUNK_ROWS, :, None]).squeeze(-1)  # (n, k, H) @ (n, H, 1)
-        if head.bias is not None:
-            exact = exact + head.bias.float()[idx]
-        rows.scatter_(-1, idx, exact)
-    return logits
 
 
 def _cast_head(head: torch.nn.Module, dtype: torch.dtype) -> None:
