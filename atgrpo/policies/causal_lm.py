@@ -4,10 +4,10 @@ Sampling is plain temperature sampling, nothing else (no top-p, top-k or repetit
 log-probabilities stored at sampling time and those the loss computes come from the same distribution
 ``softmax(logits / T)`` (docs/method.md, pitfall 4). ``temperature=0`` means greedy decoding (eval).
 
-Generation prefills each distinct prompt once; its ``n`` branches then decode with cascade attention
-(``cascade.py``: the prompt's keys/values stay one copy, read once per step for all its branches) or, on
-architectures where that is not known to be exact, from a K-way expanded cache with the whole length reserved
-(``kv_cache.py``: decode steps write in place). Rows that have emitted EOS are dropped so they stop costing
+Generation is the rollout engine's (``atgrpo/engine``): each distinct prompt prefilled once, its ``n`` branches
+decoded together with cascade attention (the prompt's keys/values one copy, read once per step for all its
+branches), by the engine's own decoding step where it can run the model (``engine/decoder.py``), else through
+the model's forward (``engine/reference.py``). Rows that have emitted EOS are dropped so they stop costing
 compute.
 """
 
