@@ -9,7 +9,7 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from atgrpo.engine import native_generate, reference_generate, why_not
-from atgrpo.engine.decoder import Decoder, DecodeState
+from atgrpo.engine.decoder import Decoder
 from atgrpo.engine.sampling import draw_uniforms, next_tokens
 from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
 from atgrpo.policies.kv_cache import CascadeCache
@@ -274,4 +274,15 @@ def test_decode_state_keep_moves_written_positions():
     st.keep(keep)
     assert torch.equal(st.own[..., :3, :], before[:, :, keep, :, :3])
     assert st.branches.row_prompt.tolist() == [0, 1, 2]
-    assert isinstance(st, DecodeState)
+
+
+def test_fused_rms_norm_gives_the_modules_numbers():
+    """The decoder's ``F.rms_norm`` for a float32 RMSNorm module computes the module's numbers, bit for bit."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from atgrpo.engine.decoder import _rms_norm
+
+    norm = LlamaRMSNorm(48, eps=1e-5)
+    torch.nn.init.normal_(norm.weight, generator=torch.Generator().manual_seed(0))
+    x = torch.randn((7, 48), generator=torch.Generator().manual_seed(1)) * 3
+    assert torch.equal(_rms_norm(norm, x), norm(x))

@@ -1,14 +1,14 @@
 """The native engine's decoding step: the model's layers run by hand over a preallocated, two-part KV cache.
 
-``generate`` (``native.py``) prefills the distinct prompts once with the model's own forward, then decodes their
-``n`` branches with ``Decoder.step``, which computes what the transformers forward computes for Llama, Qwen2 and
-Qwen3 (the same norms and rotary modules, the same math) in far fewer operations:
+``native_generate`` (``native.py``) runs the distinct prompts once (``Decoder.prefill``: packed into one sequence),
+then decodes their ``n`` branches with ``Decoder.step``; both compute what the transformers forward computes for
+Llama, Qwen2 and Qwen3 (the same norms and rotary modules, the same math) in far fewer operations:
 
 - one matmul for the query, key and value projections and one for the MLP's gate and up projections
   (``weights.py``), the rotation of queries and keys together in four elementwise operations;
 - attention in two parts merged by their log-sum-exps (cascade attention): each prompt's keys and values one copy
-  that all its branches read, attended with torch's fused CPU kernel (or the fused SDPA on other devices) with
-  the branches of a prompt stacked as rows; each branch's own keys from one preallocated buffer
+  that all its branches read, attended with torch's fused CPU kernel (plain matmuls on other devices) with the
+  branches of a prompt stacked as rows; each branch's own keys from one preallocated buffer
   ``(layers, 2, rows, kv heads, max_new_tokens, head dim)``, written in place at each step;
 - no cache object, mask construction or module dispatch per layer.
 
@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..policies.cascade import Branches
-from .weights import DecoderWeights, base_model
+from .weights import DecoderWeights
 
 # torch's fused CPU attention kernel, which also returns each row's log-sum-exp
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -72,7 +72,7 @@ class Decoder:
     """Decoding steps of one Llama-family model (``weights.why_not(model)`` is None)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.model = base_model(model)
+        self.model = model
         cfg = self.model.config
         self.H = cfg.num_attention_heads
         self.Hkv = getattr(cfg, "num_key_value_heads", None) or self.H
@@ -147,6 +147,9 @@ class Decoder:
         return (qk * cos + qk.roll(self.D // 2, -1) * sin).to(self.attn_dtype)
 
     def new_state(self, prompt_k, prompt_v, prompt_mask, rows: int, max_new_tokens: int) -> DecodeState:
+        """A decoding state for prompts' keys/values (from ``prefill`` or the model's own forward); the weights
+        brought up to date here serve all the state's steps."""
+        self.weights.current()
         dt = self.attn_dtype
         return DecodeState([k.to(dt) for k in prompt_k], [v.to(dt) for v in prompt_v], prompt_mask, rows,
                            max_new_tokens, dt)
@@ -156,10 +159,11 @@ class Decoder:
              t: torch.Tensor | None = None) -> torch.Tensor:
         """Logits ``(A, V)`` (float32) of the next token of each live row, after feeding it ``tok  # (A,)`` at
         positions ``pos  # (A,)``; writes the rows' keys/values at own position ``st.t`` (``t``, a tensor, when
-        ``static``) and advances ``st.t``."""
+        ``static``) and advances ``st.t``. Runs the weights the prefill of this state made current (the weights
+        cannot change within a ``generate`` call)."""
         H, Hkv, D = self.H, self.Hkv, self.D
         A = tok.shape[0]
-        layers = self.weights.current()
+        layers = self.weights.layers
         with part("embed_rotary"):
             h = self.embed(tok)  # (A, hidden)
             cos, sin = self._rotation(h, pos)  # (A, 1, D)
@@ -226,16 +230,17 @@ class Decoder:
         else:  # after rows were dropped: absent slots padded
             qg = br.to_groups(q[:, :, None], 1).reshape(br.G, Hkv, -1, D)
             o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
-            part = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), 1)
-            o_p, l_p = part[..., 0, :D].view(A, Hkv, n_rep, D), part[..., 0, D].view(A, Hkv, n_rep)
+            rows = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), 1)
+            o_p, l_p = rows[..., 0, :D].view(A, Hkv, n_rep, D), rows[..., 0, D].view(A, Hkv, n_rep)
         w = torch.sigmoid(l_p - l_r)[..., None]  # the prompt part's share of the softmax mass
         out = q.new_empty((A, H * D), dtype=torch.float32)
         torch.lerp(o_r.float(), o_p.float(), w, out=out.view(o_r.shape))
         return out
 
+
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """A float32 RMSNorm module's output on float32 ``x`` from torch's fused kernel (the same numbers as the
-    module's five operations: ``tests/test_engine.py``); any other norm as the module computes it."""
+    """A float32 RMSNorm module's output on float32 ``x`` from ``F.rms_norm`` (the same numbers as the module's
+    own operations: ``tests/test_engine.py``); any other norm as the module computes it."""
     w = getattr(norm, "weight", None)
     eps = getattr(norm, "variance_epsilon", None)
     if eps is None or w is None or x.dtype != torch.float32 or w.dtype != torch.float32:

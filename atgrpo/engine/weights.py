@@ -5,8 +5,8 @@ its weights, not by its arithmetic. So the step runs as few operations as it can
 query, key and value projections (their weights concatenated, ``qkv``) and one for the MLP's gate and up
 projections (``gate_up``). And on the CPU every weight is prepacked once into oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``, as vLLM's CPU backend and torch's own frozen graphs do): a plain
-``F.linear`` repacks its weight at every call, which at 16 rows costs more than the matmul (float32 layer
-matmuls of SmolLM2 at 16 rows, streamed from memory: 48 ms plain, 19 ms prepacked; docs/performance.md).
+``F.linear`` repacks its weight at every call, which at 16 rows costs about as much as the matmul
+(``benchmarks/packed_linear_cost.py``; docs/performance.md).
 
 The packed weights are copies, made once and made again only when a source weight has changed: every in-place
 write to a tensor (the optimizer's step, a rollout copy's refresh, ``load_state_dict``) bumps its version
@@ -24,26 +24,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
-
-
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The ``*ForCausalLM`` module (a peft wrapper's base model)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
+from ..policies.cascade import MODEL_TYPES, supports
 
 def why_not(model: torch.nn.Module) -> str | None:
-    """Why the decoder cannot run ``model`` (None: it can): another architecture, adapters (LoRA's layers add
-    their own terms to the linear layers the decoder reads), or a sliding window."""
+    """Why the decoder cannot run ``model`` (None: it can): adapters (LoRA's layers add their own terms to the
+    linear layers the decoder reads), or an architecture cascade attention is not exact for
+    (``policies/cascade.py: supports``: Llama, Qwen2, Qwen3 with full attention)."""
     if hasattr(model, "get_base_model") or any(hasattr(m, "lora_A") for m in model.modules()):
         return "a model with adapters (LoRA)"
     config = getattr(model, "config", None)
-    mtype = getattr(config, "model_type", None)
-    if mtype not in MODEL_TYPES:
-        return f"model type {mtype!r} (the decoder knows {', '.join(MODEL_TYPES)})"
-    if getattr(config, "use_sliding_window", False) or any(
-            t != "full_attention" for t in (getattr(config, "layer_types", None) or ())):
-        return "sliding-window attention"
+    if config is None or not supports(config):
+        return f"model type {getattr(config, 'model_type', None)!r} (cascade attention: {', '.join(MODEL_TYPES)}, " \
+               "full attention)"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "an unexpected module layout"
@@ -113,7 +105,7 @@ class Head:
         self.module = head
         self.exact_top = hasattr(head, "atgrpo_weight_lp")
         plain = type(head) is torch.nn.Linear and "forward" not in head.__dict__
-        autocast_head = getattr(head.forward, "__name__", "") == "_exact_head_forward"
+        autocast_head = hasattr(head, "atgrpo_device_type")  # precision.apply_autocast's head: autocast off
         if self.exact_top:
             self.linear = Linear(head.atgrpo_weight_lp.detach(), None)
         elif plain or autocast_head:
@@ -162,7 +154,10 @@ def _sources(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _cat(tensors, dtype) -> torch.Tensor:
-    return torch.cat([t.detach() for t in tensors]).to(dtype).contiguous()
+    """The tensors concatenated, in ``dtype``; one tensor as it is where its dtype already is (no copy)."""
+    if len(tensors) == 1:
+        return tensors[0].detach().to(dtype)
+    return torch.cat([t.detach() for t in tensors]).to(dtype)
 
 
 def _bias(mods, dtype) -> torch.Tensor | None:
