@@ -24,15 +24,17 @@ from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, 
                            shape_from_hf_config, tiny_shape)
 
 # the shapes' part of the planner (``model_shapes``) is re-exported: ``plan_memory`` is the one entry point
-__all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "MicroBatch", "ModelPlan", "ModelShape", "RUNTIME_GB",
-           "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes", "fit_gpus", "format_plan",
-           "kv_cache_bytes", "layer_activation_elements", "logits_bytes", "lora_params", "micro_batch",
-           "num_params", "plan", "read_hf_config", "response_attention_bytes", "runtime_bytes", "sampling_bytes",
+__all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "HEAD_CHUNK_BYTES", "MicroBatch", "ModelPlan",
+           "ModelShape", "RUNTIME_GB", "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes",
+           "fit_gpus", "format_plan", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
+           "logits_bytes", "lora_params", "micro_batch", "num_params", "plan", "read_hf_config",
+           "response_attention_bytes", "runtime_bytes", "sampler_bytes", "sampling_bytes",
            "settings_from_config", "shape_from_hf_config", "tiny_shape"]
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RUNTIME_GB = {"cpu": 0.0, "cuda": 1.0}  # see ``runtime_bytes``
+HEAD_CHUNK_BYTES = 64 * 2**20  # float32 logits of one chunk of positions in the fused LM head (policies/logprobs.py)
 
 
 # ---- the run's settings -------------------------------------------------------------------------------------
@@ -56,13 +58,22 @@ class RunSettings:
     gradient_checkpointing: bool = False
     kl_reference: bool = False  # algo.kl_coef > 0: a frozen deep copy of each policy
     device: str = "cpu"
+    rollout_copy: bool = False  # precision bfloat16 on float32 weights: rollouts sample from a bfloat16 copy
+    packed_weights: bool = False  # the native engine on the CPU: its linear weights prepacked for oneDNN
 
 
 def settings_from_config(cfg, roles: int, prompt_tokens: int | None = None, new_tokens: int | None = None
                          ) -> RunSettings:
     """``RunSettings`` of an atgrpo ``Config``; ``prompt_tokens`` / ``new_tokens`` replace the configured maxima
     (e.g. with the lengths a run really sees)."""
+    from .hardware import resolve_precision  # model.precision=auto: as the run would resolve it on this machine
+
     autocast = getattr(cfg.model, "autocast", "none")
+    copy = (resolve_precision(cfg.model, cfg.system.backend)[0] == "bfloat16" and cfg.model.dtype == "float32"
+            and cfg.system.backend == "local")  # the local backend's copies (trainer/backend.py)
+    if copy:
+        autocast = "bfloat16"
+    device = str(cfg.model.device).split(":")[0]
     return RunSettings(
         sharing=cfg.policy.sharing, roles=roles, dtype=cfg.model.dtype,
         compute_dtype=None if autocast in (None, "none") else autocast, lora_rank=cfg.policy.lora.rank,
@@ -71,7 +82,8 @@ def settings_from_config(cfg, roles: int, prompt_tokens: int | None = None, new_
         new_tokens=new_tokens or cfg.rollout.max_new_tokens, micro_batch_size=cfg.algo.micro_batch_size,
         token_budget=cfg.algo.update_token_budget, shared_prefix=cfg.algo.shared_prefix,
         gradient_checkpointing=cfg.model.gradient_checkpointing, kl_reference=cfg.algo.kl_coef > 0,
-        device=str(cfg.model.device).split(":")[0])
+        device=device, rollout_copy=copy,
+        packed_weights=device == "cpu" and cfg.rollout.engine == "native" and cfg.policy.sharing != "L2")
 
 
 def act_bytes(r: RunSettings) -> int:
@@ -133,19 +145,34 @@ def layer_activation_elements(s: ModelShape) -> int:
 
 def response_attention_bytes(s: ModelShape, mb: MicroBatch, b: int) -> int:
     """Extra bytes per *response* token per layer with shared prefix (``cascade.two_part_attention`` with
-    gradients): the exponentiated scores against its prompt (``heads * P``) and against its own tokens
-    (``heads * M``), float32, kept for the backward (in bfloat16 also their bfloat16 copy, kept by the matmul
-    with the values), plus the scaled query and the unnormalised output (``2 * heads * head_dim``, model dtype).
-    The prompts' own attention is a fused kernel that keeps no scores. ``b``: bytes of an activation."""
-    score_bytes = 4 + (b if b != 4 else 0)
-    return s.heads * (mb.prompt + mb.response) * score_bytes + 2 * s.heads * s.head_dim * b
+    gradients): the query in the two stacked layouts the two parts read (copies) and the merged output, in the
+    activation dtype, and one float32 log-sum-exp per head. No scores: the backward recomputes them block by block
+    from the kept log-sum-exp (``policies/attention_part.py``). The prompts' own attention is a fused kernel that
+    keeps no scores either. ``b``: bytes of an activation. ``mb`` is unused (the term no longer grows with the
+    prompt): kept so the planner's terms share one signature."""
+    return 3 * s.heads * s.head_dim * b + 4 * s.heads
 
 
-def logits_bytes(s: ModelShape, mb: MicroBatch) -> int:
-    """The LM head's output where the loss needs it: ``logit_rows * vocab``. ``token_logprobs`` keeps its float32
-    softmax for the backward (which turns it into the gradient in place) while the logits themselves are alive:
-    two float32 tensors of ``logit_rows * vocab`` at the peak."""
-    return mb.logit_rows * s.vocab * 4 * 2
+def head_chunk_rows(s: ModelShape) -> int:
+    """Positions per chunk of the fused LM head (``logprobs.head_logprobs``): ``HEAD_CHUNK_BYTES`` of float32
+    logits, at least 16."""
+    return max(16, HEAD_CHUNK_BYTES // (4 * s.vocab))
+
+
+def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings | None = None) -> int:
+    """The LM head fused into the log-probs (``logprobs.head_logprobs``): at most one chunk of positions'
+    float32 logits is alive with its softmax-turned-gradient (``2 * chunk * vocab * 4``), plus one float32
+    log-sum-exp per position the loss reads (``logit_rows * 4``). The head weight's gradient is summed over the
+    chunks in float32: in place for float32 weights; under autocast the backward's matmuls read a bfloat16 copy
+    of the weight and each chunk's product is a bfloat16 temporary (``4`` bytes per head parameter); for bfloat16
+    weights a float32 sum beside the bfloat16 product (``6``)."""
+    rows = min(mb.logit_rows, head_chunk_rows(s))
+    per_param = 0
+    if r is not None and r.dtype != "float32":
+        per_param = 6
+    elif r is not None and r.compute_dtype and r.compute_dtype != r.dtype:
+        per_param = 2 * DTYPE_BYTES[r.compute_dtype]
+    return 2 * rows * s.vocab * 4 + 4 * mb.logit_rows + per_param * s.vocab * s.hidden
 
 
 def autocast_extra_bytes(s: ModelShape, r: RunSettings) -> tuple[int, int]:
@@ -175,7 +202,7 @@ def activation_bytes(s: ModelShape, r: RunSettings) -> int:
     one_layer = mb.tokens * (layer_activation_elements(s) * b + extra_per_token) + attn
     residual = DTYPE_BYTES[r.dtype]  # the residual stream and the norms: the weights' dtype (float32 under autocast)
     kept = s.layers * (mb.tokens * s.hidden * residual) if r.gradient_checkpointing else s.layers * one_layer
-    return kept + one_layer + 3 * mb.tokens * s.hidden * residual + logits_bytes(s, mb) + weight_copies
+    return kept + one_layer + 3 * mb.tokens * s.hidden * residual + logits_bytes(s, mb, r) + weight_copies
 
 
 def kv_cache_bytes(s: ModelShape, r: RunSettings) -> int:
@@ -197,6 +224,18 @@ def sampling_bytes(s: ModelShape, r: RunSettings) -> int:
     and probabilities for ``problems * K`` branches."""
     prefill = r.problems * r.prompt_tokens * (2 * s.hidden + 3 * s.intermediate) * act_bytes(r)
     return prefill + 3 * r.problems * r.K * s.vocab * 4
+
+
+def sampler_bytes(s: ModelShape, r: RunSettings) -> int:
+    """The rollout's own weights, kept for the whole run beside the trainer's: the bfloat16 copy it samples from
+    (``rollout_copy``: every parameter x 2) and, for the native engine on the CPU (``packed_weights``), a second
+    copy of every linear layer and of the LM head in oneDNN's blocked layout, in the dtype it samples in
+    (``engine/weights.py``; the norms, a few thousand parameters, are not counted)."""
+    P = num_params(s)
+    copy = P * 2 if r.rollout_copy else 0
+    packed_params = P - (0 if s.tied else s.vocab * s.hidden)  # the embedding's rows are read, not packed
+    packed = packed_params * (2 if r.rollout_copy else DTYPE_BYTES[r.dtype]) if r.packed_weights else 0
+    return copy + packed
 
 
 def runtime_bytes(device: str) -> int:
@@ -221,6 +260,7 @@ class ModelPlan:
     sampling: int
     runtime: int
     reference: int = 0  # the KL reference's frozen copies (algo.kl_coef > 0)
+    sampler: int = 0  # the rollout's own weights (``sampler_bytes``)
 
     @property
     def update(self) -> int:
@@ -232,7 +272,8 @@ class ModelPlan:
 
     @property
     def peak(self) -> int:
-        return self.weights + self.reference + self.optimizer + max(self.update, self.rollout) + self.runtime
+        return (self.weights + self.reference + self.sampler + self.optimizer + max(self.update, self.rollout)
+                + self.runtime)
 
     def dominant(self) -> str:
         terms = {"weights": self.weights, "grads": self.grads, "optimizer": self.optimizer,
@@ -253,15 +294,16 @@ def plan(s: ModelShape, r: RunSettings) -> list[ModelPlan]:
     """
     P, b = num_params(s), DTYPE_BYTES[r.dtype]
     act, kv, smp, rt = activation_bytes(s, r), kv_cache_bytes(s, r), sampling_bytes(s, r), runtime_bytes(r.device)
+    sampler = sampler_bytes(s, r)
     if r.sharing == "L2":
         lora = lora_params(s, r.lora_rank, r.lora_targets)
         weights = P * b + r.roles * lora * 4
         return [ModelPlan(f"base + {r.roles} adapters", P + r.roles * lora, lora, weights, lora * 4,
-                          r.roles * lora * 8, act, kv, smp, rt, r.roles * weights if r.kl_reference else 0)]
+                          r.roles * lora * 8, act, kv, smp, rt, r.roles * weights if r.kl_reference else 0, sampler)]
     n = r.roles if r.sharing == "L3" else 1
     names = [f"role {i + 1}" for i in range(n)] if n > 1 else ["shared"]
     ref = P * b if r.kl_reference else 0
-    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref) for name in names]
+    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref, sampler) for name in names]
 
 
 @dataclass(frozen=True)
@@ -292,11 +334,11 @@ class GpuFit:
 
 def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     """The GPUs of ``gpu_bytes`` a run needs on each backend (``GpuFit``)."""
-    local = (sum(p.weights + p.reference + p.optimizer for p in plans) + max(max(p.update, p.rollout) for p in plans)
-             + max(p.runtime for p in plans))
+    local = (sum(p.weights + p.reference + p.sampler + p.optimizer for p in plans)
+             + max(max(p.update, p.rollout) for p in plans) + max(p.runtime for p in plans))
     pools = r.roles if r.sharing == "L2" else len(plans)
     share = r.roles if r.sharing == "L2" else 1  # an L2 update worker holds one role's optimizer
-    fixed = max(p.weights + p.runtime for p in plans)
+    fixed = max(p.weights + p.runtime for p in plans)  # Ray's rollout workers sample from their own weights
     rollout = max(p.rollout for p in plans)
     n = math.ceil(rollout / (gpu_bytes - fixed)) if gpu_bytes > fixed else None
     n = None if n is None or n > r.problems else max(1, n)
@@ -333,15 +375,17 @@ def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
              f"largest update micro-batch ({how}{', gradient checkpointing' if r.gradient_checkpointing else ''}): "
              f"{mb.groups} prompts, {mb.rows} responses, {mb.tokens:,} tokens, logits at {mb.logit_rows:,} positions",
              "",
-             f"{'model':<20} {'params':>9} {'trainable':>10} {'weights':>8} {'grads':>8} {'optimizer':>9} "
-             f"{'activ.':>8} {'kv_cache':>8} {'sampling':>8} {'runtime':>8} {'peak':>8}  GPUs of {gpu_gb:g} GiB"]
+             f"{'model':<20} {'params':>9} {'trainable':>10} {'weights':>8} {'sampler':>8} {'grads':>8} "
+             f"{'optimizer':>9} {'activ.':>8} {'kv_cache':>8} {'sampling':>8} {'runtime':>8} {'peak':>8}  "
+             f"GPUs of {gpu_gb:g} GiB"]
     for p in plans:
         lines.append(f"{p.name:<20} {p.params / 1e6:>8.1f}M {p.trainable / 1e6:>9.2f}M {_gib(p.weights):>8} "
-                     f"{_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} {_gib(p.kv_cache):>8} "
-                     f"{_gib(p.sampling):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
+                     f"{_gib(p.sampler):>8} {_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} "
+                     f"{_gib(p.kv_cache):>8} {_gib(p.sampling):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
                      f"{math.ceil(p.peak / (gpu_gb * GIB))}")
-    lines += ["(GiB; peak = weights + optimizer + max(grads + activations, kv_cache + sampling) + runtime"
-              + (" + the KL reference's copies" if r.kl_reference else "") + ")", ""]
+    lines += ["(GiB; peak = weights + sampler + optimizer + max(grads + activations, kv_cache + sampling) + runtime"
+              + (" + the KL reference's copies" if r.kl_reference else "")
+              + "; sampler: the rollout's bfloat16 copy and the CPU engine's prepacked weights)", ""]
     if r.kl_reference:
         lines += [f"KL reference (algo.kl_coef > 0) of {p.name}: {_gib(p.reference)} GiB" for p in plans]
     for p in plans:

@@ -4,9 +4,10 @@
 
 Builds the run's state exactly as ``atgrpo train`` does (no warm start, no evaluation, no checkpoint) and runs one
 ``train_step``. Memory is the process's resident set from /proc/self/status: ``VmRSS`` before the policies are
-built (torch, transformers and atgrpo already imported), after they are built, and the peak ``VmHWM`` of the step
-(the peak is reset after the build, ``/proc/self/clear_refs``). Prints one JSON object (MiB) with the lengths the
-step saw, so the plan can be made with the same lengths (``atgrpo plan-memory ... --prompt-tokens N``).
+built (torch, transformers and atgrpo already imported), after they are built, and the peak of the step
+(``trainer/memory.py``: reset after the build, kept across the step's per-phase resets) and of each of its phases
+(the step's ``perf/peak_rss_mb/rollout`` and ``/update``). Prints one JSON object (MiB) with the lengths the step
+saw, so the plan can be made with the same lengths (``atgrpo plan-memory ... --prompt-tokens N``).
 """
 
 from __future__ import annotations
@@ -24,20 +25,12 @@ def _status_mib(field: str) -> float:
     raise KeyError(field)
 
 
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        return True
-    except OSError:
-        return False
-
-
 def main(argv: list[str]) -> dict:
     import torch
 
     from atgrpo.cli import _split_args
     from atgrpo.config import load_config
+    from atgrpo.trainer.memory import peak_rss_mib, reset_peak_rss
     from atgrpo.trainer.state import build_state_checked
     from atgrpo.trainer.step import train_step
 
@@ -47,18 +40,19 @@ def main(argv: list[str]) -> dict:
     before = _status_mib("VmRSS")
     state = build_state_checked(cfg)
     built = _status_mib("VmRSS")
-    reset = _reset_peak()
+    reset_peak_rss()
     t = time.perf_counter()
     result = train_step(state, 0)
     seconds = time.perf_counter() - t
-    peak = _status_mib("VmHWM")
+    peak = peak_rss_mib()
     prompts = [len(s.prompt_ids) for s in result.samples]
     responses = [len(s.response_ids) for s in result.samples]
     return {
         "config": path, "overrides": overrides, "sharing": cfg.policy.sharing, "dtype": cfg.model.dtype,
         "rss_before_build_mib": round(before, 1), "rss_after_build_mib": round(built, 1),
-        "peak_step_mib": round(peak, 1), "peak_reset": reset,
-        "build_growth_mib": round(built - before, 1), "peak_growth_mib": round(peak - before, 1),
+        "peak_step_mib": round(peak, 1), "build_growth_mib": round(built - before, 1),
+        "peak_growth_mib": round(peak - before, 1),
+        "phase_growth_mib": {k: round(v - before, 1) for k, v in result.peaks.items()},
         "samples": len(result.samples), "prompt_tokens_max": max(prompts), "prompt_tokens_mean":
             round(sum(prompts) / len(prompts), 1), "response_tokens_max": max(responses),
         "optimizer_steps": {pid: u.optimizer_steps for pid, u in result.updates.items()},

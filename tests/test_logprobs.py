@@ -101,3 +101,98 @@ def test_head_cost_script_times_both_ways_and_checks_the_copys_top_logits():
     assert out["loss"]["autograd"] > 0 and out["loss"]["token_logprobs"] > 0
     c = out["copy_head"]
     assert c["max_diff_top"] < 1e-4 and 0 < c["max_diff_all"] < 0.5
+
+
+# ---- the LM head fused into the log-probs ----------------------------------------------------------------------
+
+def _head_case(dtype=torch.float32, bias=True, seed=4, N=70, E=12, V=90):
+    g = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(E, V, bias=bias).to(dtype)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, E, generator=g))
+        if bias:
+            head.bias.copy_(torch.randn(V, generator=g))
+    hidden = torch.randn(N, E, generator=g).to(dtype).requires_grad_()
+    rows = torch.randint(0, N, (2, 60), generator=g)
+    rows[:, :6] = 3  # one position read by 12 targets
+    targets = torch.randint(0, V, rows.shape, generator=g)
+    return head, hidden, rows, targets, torch.randn(rows.shape, generator=g)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [True, False])
+def test_head_logprobs_equal_the_logits_path_across_chunks(monkeypatch, temperature, bias):
+    """float32: the fused head's log-probs and the gradients of the hidden states, the weight and the bias equal
+    those of the head's logits through ``token_logprobs``, with positions read by many targets, over several
+    chunks (a chunk of 16 positions)."""
+    from atgrpo.policies import logprobs
+
+    monkeypatch.setattr(logprobs, "HEAD_CHUNK_BYTES", 16 * 4 * 90)
+    head, hidden, rows, targets, w = _head_case(bias=bias)
+    ours = logprobs.head_logprobs(hidden, head, targets, temperature, rows=rows)
+    ref = token_logprobs(head(hidden), targets, temperature, rows=rows)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    params = (hidden, head.weight) + ((head.bias,) if bias else ())
+    ga = torch.autograd.grad((ours * w).sum(), params)
+    gb = torch.autograd.grad((ref * w).sum(), params)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_head_logprobs_bfloat16_head_within_the_logits_paths_rounding():
+    """A bfloat16 head (``model.dtype: bfloat16``): float32 log-probs from bfloat16 logits, as the logits path
+    gives them, and bfloat16 gradients close to its."""
+    from atgrpo.policies.logprobs import head_logprobs
+
+    head, hidden, rows, targets, w = _head_case(torch.bfloat16)
+    ours = head_logprobs(hidden, head, targets, 1.0, rows=rows)
+    ref = token_logprobs(head(hidden), targets, 1.0, rows=rows)
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    ga = torch.autograd.grad((ours * w).sum(), (hidden, head.weight))
+    gb = torch.autograd.grad((ref * w).sum(), (hidden, head.weight))
+    for a, b in zip(ga, gb):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=0.1)
+
+
+def test_model_logprobs_fuses_only_a_plain_head():
+    """``model_logprobs`` runs the model with its head bypassed where the head is a plain linear layer (also
+    under ``apply_autocast``'s exact head) and gives the logits path's values; a hooked head runs as it is."""
+    from atgrpo.policies import TinyModelConfig, build_tiny_model
+    from atgrpo.policies.logprobs import fusable_head, model_logprobs
+    from atgrpo.policies.precision import apply_autocast
+
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64), 0)
+    ids = torch.randint(3, 200, (2, 9), generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(3, 200, (2, 9), generator=torch.Generator().manual_seed(1))
+    ref = token_logprobs(model(input_ids=ids).logits, targets, 1.0)
+    seen = []
+    out = model_logprobs(model, lambda: seen.append(model(input_ids=ids).logits.shape) or model(input_ids=ids).logits,
+                         targets, 1.0)
+    assert seen[0][-1] == 32 and fusable_head(model) is model.lm_head  # the head's input came out
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert "forward" not in model.lm_head.__dict__  # the bypass was undone
+    apply_autocast(model, "bfloat16")
+    assert fusable_head(model) is model.lm_head
+    handle = model.lm_head.register_forward_hook(lambda mod, inp, o: o + 1.0)
+    try:
+        assert fusable_head(model) is None
+    finally:
+        handle.remove()
+
+
+def test_head_logprobs_under_autocast_exact_values_bfloat16_gradient_matmuls():
+    """``grad_dtype`` (a ``model.autocast`` run): the log-probs are the float32 head's exactly; the gradients
+    come from bfloat16 matmuls, within bfloat16 rounding of the float32 ones, in the parameters' dtype."""
+    from atgrpo.policies.logprobs import head_logprobs
+
+    head, hidden, rows, targets, w = _head_case(bias=False)
+    ours = head_logprobs(hidden, head, targets, 1.0, rows=rows, grad_dtype=torch.bfloat16)
+    ref = head_logprobs(hidden, head, targets, 1.0, rows=rows)
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    ga = torch.autograd.grad((ours * w).sum(), (hidden, head.weight))
+    gb = torch.autograd.grad((ref * w).sum(), (hidden, head.weight))
+    for a, b in zip(ga, gb):
+        assert a.dtype == torch.float32
+        assert (a - b).abs().max() <= 2e-2 * b.abs().max()

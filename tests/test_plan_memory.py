@@ -44,27 +44,35 @@ def test_activations_by_hand():
     # per token per layer: norms 6 * 8 + q, attention output 2 * 8 + k, v 2 * 4 + MLP 4 * 16 = 136 elements
     assert pm.layer_activation_elements(SHAPE) == 136
     mb = pm.micro_batch(RUN)
-    # per response token per layer: scores 2 * (5 + 4) float32 + scaled query and output 2 * 2 * 4 float32
-    assert pm.response_attention_bytes(SHAPE, mb, 4) == 18 * 4 + 16 * 4
-    # one layer: 11 tokens * 136 * 4 + 6 response tokens * 136 = 6800; kept: 2 layers; the backward's layer;
-    # final norm 3 * 11 * 8 * 4 = 1056; logits 7 positions * 10 * 4 bytes * 2 (tensor + gradient) = 560
-    assert pm.activation_bytes(SHAPE, RUN) == 2 * 6800 + 6800 + 1056 + 560
-    # bfloat16: 2-byte activations, float32 scores and their bfloat16 copy (6 bytes each), float32 logits
+    # per response token per layer: the query's two stacked copies and the merged output 3 * 2 * 4 float32, and a
+    # float32 log-sum-exp per head 2 * 4: no scores
+    assert pm.response_attention_bytes(SHAPE, mb, 4) == 96 + 8
+    # one layer: 11 tokens * 136 * 4 + 6 response tokens * 104 = 6608; kept: 2 layers; the backward's layer;
+    # final norm 3 * 11 * 8 * 4 = 1056; the fused head: 7 positions (one chunk) * 10 * 4 bytes * 2 (logits and
+    # gradient) = 560 and a log-sum-exp per position 7 * 4
+    assert pm.activation_bytes(SHAPE, RUN) == 3 * 6608 + 1056 + 560 + 28
+    # bfloat16: 2-byte activations (response extra 3 * 2 * 4 * 2 + 8), float32 logits, and the head weight's
+    # gradient summed in float32 beside each chunk's bfloat16 product: 10 * 8 * 6
     bf16 = pm.RunSettings(**{**RUN.__dict__, "dtype": "bfloat16"})
-    one = 11 * 136 * 2 + 6 * (18 * 6 + 16 * 2)
-    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 3 * 11 * 8 * 2 + 560
+    one = 11 * 136 * 2 + 6 * 56
+    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 3 * 11 * 8 * 2 + 588 + 480
     # autocast on float32 weights: as bfloat16, plus per token per layer the norms' 6 * 8 elements in float32
     # (2 more bytes each) and the bfloat16 casts of the two norm outputs (2 * 8 * 2), in the 3 layers' worth;
     # plus the bfloat16 copies of every weight but the embedding and the LM head: (1352 - 160) * 2; the final norm
-    # in float32: 3 * 11 * 8 * 2 bytes more
+    # in float32: 3 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16 copy of its weight and a bfloat16
+    # product 10 * 8 * 4 (not 6: its float32 gradient sum is the gradient itself)
     autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})
     assert pm.autocast_extra_bytes(SHAPE, autocast) == (96 + 32, 2384)
-    assert pm.activation_bytes(SHAPE, autocast) == pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 128 + 2384 + 528
+    assert pm.activation_bytes(SHAPE, autocast) == (pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 128 + 2384 + 528
+                                                    - 480 + 320)
     assert pm.plan(SHAPE, autocast)[0].weights == 1352 * 4
     # gradient checkpointing (no shared prefix): each layer keeps its input 72 * 8 * 4, one layer recomputed
-    # 72 * 136 * 4; final norm 3 * 72 * 8 * 4; logits 40 * 10 * 8 (the softmax kept beside them)
+    # 72 * 136 * 4; final norm 3 * 72 * 8 * 4; the fused head over 40 positions: 40 * 10 * 8 + 40 * 4
     gc = pm.RunSettings(**{**RUN.__dict__, "shared_prefix": False, "gradient_checkpointing": True})
-    assert pm.activation_bytes(SHAPE, gc) == 2 * 2304 + 39168 + 6912 + 3200
+    assert pm.activation_bytes(SHAPE, gc) == 2 * 2304 + 39168 + 6912 + 3360
+    # a vocabulary of 2**22: chunks of 16 positions, whatever the positions
+    big = pm.ModelShape(**{**SHAPE.__dict__, "vocab": 2**22})
+    assert pm.head_chunk_rows(big) == 16 and pm.logits_bytes(big, pm.micro_batch(gc)) == 2 * 16 * 2**22 * 4 + 160
 
 
 def test_kv_cache_and_sampling_by_hand():
@@ -77,7 +85,7 @@ def test_kv_cache_and_sampling_by_hand():
 
 
 def test_plans_by_sharing_level():
-    act = 22016
+    act = 21468
     (l1,) = pm.plan(SHAPE, RUN)
     assert (l1.weights, l1.grads, l1.optimizer, l1.activations, l1.kv_cache, l1.runtime) == (5408, 5408, 10816, act,
                                                                                             2496, 0)
@@ -99,7 +107,7 @@ def test_gpu_fit():
     r = pm.RunSettings(**{**RUN.__dict__, "sharing": "L3", "device": "cuda"})
     plans = pm.plan(SHAPE, r)
     fit = pm.fit_gpus(plans, r, 2 * pm.GIB)
-    assert fit.local_fits and fit.local_bytes == 2 * (5408 + 10816) + 5408 + 22016 + pm.GIB
+    assert fit.local_fits and fit.local_bytes == 2 * (5408 + 10816) + 5408 + 21468 + pm.GIB
     assert fit.pools == 2 and fit.rollout_workers == 1 and fit.ray_gpus == 4
     assert pm.fit_gpus(plans, r, pm.GIB).ray_gpus is None  # the runtime term alone fills a 1 GiB GPU
     # a GPU with room for the weights, the runtime and half of the rollout: two rollout workers per pool
@@ -109,7 +117,7 @@ def test_gpu_fit():
     big_update = pm.fit_gpus(plans, pm.RunSettings(**{**r.__dict__, "problems": 1}), room)
     assert big_update.rollout_workers is None  # one problem cannot be split over two workers
     # room for the activations and runtime plus half the update's state (weights, grads, AdamW): two FSDP ranks
-    half = pm.GIB + 22016 + (5408 + 5408 + 10816) // 2
+    half = pm.GIB + 21468 + (5408 + 5408 + 10816) // 2
     fit = pm.fit_gpus(plans, r, half)
     assert fit.update_workers == 2 and fit.update_worker_bytes == half and fit.rollout_workers == 1
     assert fit.ray_gpus == 2 * (1 + 2)
@@ -197,3 +205,28 @@ def test_plan_within_20_percent_of_the_measured_peak(config):
     (planned,) = pm.plan(_plan_shape(cfg, None, None), r_)
     ratio = planned.peak / (measured["peak_growth_mib"] * 2**20)
     assert 0.8 <= ratio <= 1.2, (planned, measured)
+
+
+def test_sampler_weights_by_hand():
+    # the bfloat16 rollout copy: 1352 * 2; the CPU engine's packed weights of it: every parameter but the untied
+    # embedding (10 * 8), 1272 * 2
+    r = pm.RunSettings(**{**RUN.__dict__, "rollout_copy": True, "packed_weights": True, "compute_dtype": "bfloat16"})
+    assert pm.sampler_bytes(SHAPE, r) == 2704 + 2544
+    (p,) = pm.plan(SHAPE, r)
+    assert p.sampler == 5248 and p.peak == p.weights + 5248 + p.optimizer + max(p.update, p.rollout)
+    # a float32 model sampled by the CPU engine: its packed float32 weights only
+    assert pm.sampler_bytes(SHAPE, pm.RunSettings(**{**RUN.__dict__, "packed_weights": True})) == 1272 * 4
+    assert pm.sampler_bytes(SHAPE, RUN) == 0
+
+
+def test_settings_resolve_the_runs_precision():
+    """``model.precision=bfloat16`` (as ``auto`` resolves on a CPU with bfloat16 units): the rollout copy and
+    autocast are planned; the native engine on the CPU packs its weights; vLLM or a GPU does not."""
+    from atgrpo.config import load_config
+
+    cfg = load_config("configs/real/table/plan_path_mas_L1.yaml", ["model.precision=bfloat16"])
+    r = pm.settings_from_config(cfg, 2)
+    assert r.rollout_copy and r.compute_dtype == "bfloat16" and r.packed_weights
+    cfg = load_config("configs/real/table/plan_path_mas_L1.yaml", ["model.precision=float32"])
+    r = pm.settings_from_config(cfg, 2)
+    assert not r.rollout_copy and r.compute_dtype is None and r.packed_weights

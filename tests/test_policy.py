@@ -262,7 +262,7 @@ def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
     from transformers import DynamicCache
 
     import atgrpo.engine.reference as reference
-    import atgrpo.policies.cascade as cascade_mod
+    from atgrpo.policies import attention_part
     from atgrpo.policies.kv_cache import ReservedCache
 
     pol = _policy(2)
@@ -277,7 +277,7 @@ def test_decode_caches_sample_what_dynamic_cache_samples(monkeypatch):
                                        ("regrowing", False, lambda cap: ReservedCache(4)),
                                        ("dynamic", False, lambda cap: DynamicCache())]:
             monkeypatch.setattr(reference, "ReservedCache", factory)
-            monkeypatch.setattr(cascade_mod, "_FLASH_CPU", None if name == "cascade_plain" else FLASH_CPU)
+            monkeypatch.setattr(attention_part, "_FLASH_CPU", None if name == "cascade_plain" else FLASH_CPU)
             pol.cascade = cascade
             comps = pol.generate(ids, 5, 1.0, 25, torch.Generator().manual_seed(7))
             runs[name] = [(c.ids, c.logprobs, c.finished) for row in comps for c in row]

@@ -58,7 +58,9 @@ def test_two_steps_match_the_local_backend(backend):
     for pid in local.policies:  # the driver's copy holds the trained weights (synced after every update)
         a = dict(local.policies[pid].model.named_parameters())
         b = dict(remote.policies[pid].model.named_parameters())
-        assert all(torch.allclose(a[n], b[n], rtol=1e-4, atol=1e-6) for n in a), pid
+        # data-parallel ranks sum the gradient in another order; AdamW moves a weight whose gradient is near zero
+        # by up to lr (2e-4) on that rounding alone, so weights agree to a small fraction of lr
+        assert all(torch.allclose(a[n], b[n], rtol=1e-4, atol=1e-5) for n in a), pid
     backend.pull_state(remote)  # optimizer states come back for checkpoints
     for pid in local.policies:
         sa, sb = local.optimizers[pid].state_dict()["state"], remote.optimizers[pid].state_dict()["state"]

@@ -291,7 +291,7 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
 
 def test_each_cell_counts_its_own_peak_memory():
     """The peak-RSS count restarts with each cell: a peak reached before the reset is not the next cell's."""
-    from atgrpo.bench.real_cells import peak_rss_gb, reset_peak_rss
+    from atgrpo.trainer.memory import peak_rss_gb, reset_peak_rss
 
     if peak_rss_gb() is None:
         pytest.skip("no /proc/self/status here")

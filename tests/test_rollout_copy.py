@@ -77,7 +77,7 @@ def test_explicit_precision_and_its_contradictions():
 
 def test_auto_is_resolved_and_recorded_at_start_up(monkeypatch):
     """The run's config (config.yaml) records the machine's choice, so a resume elsewhere keeps it."""
-    import atgrpo.policies.precision as precision
+    import atgrpo.hardware as precision  # where the choice is made
 
     lines: list[str] = []
     cfg = load_config(None, ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat"])

@@ -30,6 +30,11 @@ def test_two_step_cli_run_changes_parameters_and_writes_outputs(tmp_path, fast_o
     for key in ("rollout/reward/tool", "rollout/reward_team/plan", "rollout/reward_local/plan", "loss/clipfrac",
                 "loss/approx_kl", "group/zero_variance_frac", "perf/tokens_per_s", "time/rollout"):
         assert key in rows[0], key
+    if os.path.exists("/proc/self/status"):  # each phase's peak resident memory (Linux), in the metrics and summary
+        assert all(rows[0][f"perf/peak_rss_mb/{p}"] > 50 for p in ("rollout", "update"))
+        peaks = summary["peak_rss_mb"]
+        assert set(peaks) == {"eval_before", "eval_after", "process"}  # no warm start here
+        assert peaks["process"] >= max(rows[0][f"perf/peak_rss_mb/{p}"] for p in ("rollout", "update"))
     # the trained weights differ from the initial weights of the same seed, for both per-role policies
     cfg = load_config(str(out / "config.yaml"))
     fresh, trained = build_state(cfg), build_state(cfg)

@@ -18,6 +18,7 @@ import shutil
 import time
 from typing import Any, Callable
 
+from ..trainer.memory import peak_rss_gb, reset_peak_rss
 from .real_estimate import estimate
 from .real_table import Cell, config_path
 from .real_transcripts import write_cell_transcripts
@@ -113,25 +114,6 @@ def rollout_curve(directory: str) -> list[list[float]]:
     with open(os.path.join(directory, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     return [[r["step"], r["rollout/success_rate"]] for r in rows if "rollout/success_rate" in r]
-
-
-def reset_peak_rss() -> None:
-    """Start this process's peak-RSS count afresh (Linux: ``clear_refs`` 5), so each cell's peak is its own."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-
-def peak_rss_gb() -> float | None:
-    """This process's peak resident memory (``VmHWM``) in GB since the last ``reset_peak_rss``; None off Linux."""
-    try:
-        with open("/proc/self/status") as f:
-            kb = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-    return round(kb / 1024 ** 2, 2)
 
 
 WALL_FILE = "cell_wall.json"  # in a run directory: seconds spent in earlier, interrupted attempts at the cell

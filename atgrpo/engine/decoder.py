@@ -26,11 +26,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ..policies.attention_part import attend
 from ..policies.cascade import Branches
 from .weights import DecoderWeights
-
-# torch's fused CPU attention kernel, which also returns each row's log-sum-exp
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 PROFILE = False  # benchmarks/decode_profile.py: mark each part of a step for torch.profiler
@@ -219,17 +217,17 @@ class Decoder:
         A, H, D = q.shape
         br, Hkv = st.branches, self.Hkv
         n_rep = H // Hkv
-        o_r, l_r = _attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale)  # (A, Hkv, n_rep, .)
+        o_r, l_r = attend(q.view(A, Hkv, n_rep, D), own_k, own_v, own_bias, self.scale)  # (A, Hkv, n_rep, .)
         if br.equal_groups:  # the K branches of a prompt stacked as rows: (G, Hkv, K * n_rep, D)
             G, K = br.G, br.k_max
             qg = q.view(G, K, Hkv, n_rep, D).transpose(1, 2).reshape(G, Hkv, K * n_rep, D)
-            o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
+            o_p, l_p = attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
             # both parts as (G, K, Hkv, n_rep, .) views, merged straight into the rows' layout
             o_p, l_p = o_p.view(G, Hkv, K, n_rep, D).transpose(1, 2), l_p.view(G, Hkv, K, n_rep).transpose(1, 2)
             o_r, l_r = o_r.view(G, K, Hkv, n_rep, D), l_r.view(G, K, Hkv, n_rep)
         else:  # after rows were dropped: absent slots padded
             qg = br.to_groups(q[:, :, None], 1).reshape(br.G, Hkv, -1, D)
-            o_p, l_p = _attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
+            o_p, l_p = attend(qg, st.prompt_k[li], st.prompt_v[li], st.prompt_bias, self.scale)
             rows = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), 1)
             o_p, l_p = rows[..., 0, :D].view(A, Hkv, n_rep, D), rows[..., 0, D].view(A, Hkv, n_rep)
         w = torch.sigmoid(l_p - l_r)[..., None]  # the prompt part's share of the softmax mass
@@ -246,21 +244,3 @@ def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if eps is None or w is None or x.dtype != torch.float32 or w.dtype != torch.float32:
         return norm(x)
     return F.rms_norm(x, (x.shape[-1],), w, eps)
-
-
-def _attend(q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention output and log-sum-exp per query row: q (N, Hkv, M, D) against k, v (N, Hkv, S, D); on torch's
-    fused CPU kernel on the CPU, else in matmuls with float32 scores (a few small kernels, captured by graphs)."""
-    if _FLASH_CPU is not None and q.device.type == "cpu":
-        return _FLASH_CPU(q, k, v, 0.0, False, attn_mask=bias, scale=scale)
-    return attend_math(q, k, v, bias, scale)
-
-
-def attend_math(q, k, v, bias, scale) -> tuple[torch.Tensor, torch.Tensor]:
-    """``_attend`` in plain tensor operations (any device)."""
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # float32 scores, as the fused kernel keeps
-    if bias is not None:
-        s = s + bias.float()
-    lse = torch.logsumexp(s, -1)
-    return torch.matmul(torch.exp(s - lse[..., None]), v.float()).to(q.dtype), lse
-

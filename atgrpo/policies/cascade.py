@@ -6,14 +6,20 @@ responses that is most of the attention's work. Here each prompt's keys/values s
 each branch's own keys/values are apart (``R`` rows). Attention of a branch's ``M`` positions (decode: 1; the
 update: the whole response) is computed in two parts and merged exactly:
 
-- prompt part: the branches of prompt ``g`` are stacked as ``K_g * M`` queries against prompt ``g``'s keys, one
-  batched matmul ``(G, H, K_max * M, D) @ (G, H, D, P)`` with the prompt's padding masked;
-- own part: each branch's queries against its own keys ``(R, H, M, D) @ (R, H, D, S)``, causal.
+- prompt part: the branches of prompt ``g`` are stacked as ``K_g * M`` queries (and grouped-query heads as
+  rows) against prompt ``g``'s keys, ``(G, Hkv, n_rep * K_max * M, D)`` against ``(G, Hkv, P, D)``, the
+  prompt's padding masked;
+- own part: each branch's queries against its own keys ``(R, Hkv, n_rep * M, D)`` against ``(R, Hkv, S, D)``,
+  causal.
 
-With ``m`` the joint row max and ``e = exp(s - m)``, ``softmax([s_p, s_r]) @ [V_p; V_r]`` equals
-``(e_p @ V_p + e_r @ V_r) / (sum(e_p) + sum(e_r))``, so results (and, through autograd, the gradients) equal
-plain attention up to float rounding (``tests/test_policy.py`` compares sampled tokens and log-probs with
-``DynamicCache`` generation, ``tests/test_shared_prefix.py`` gradients with one forward per sample).
+Each part is one fused attention call that returns its output and the log-sum-exp of its scores
+(``attention_part.attend``); ``lse = logaddexp(l_p, l_r)`` and ``o = o_p exp(l_p - lse) + o_r exp(l_r - lse)``
+are the joint softmax's exactly. With gradients (the update, the warm start) nothing of the scores' size is kept:
+the backward recomputes each part's scores from the merged output and log-sum-exp (``attention_part``), so the
+memory of the update grows with the tokens, not with tokens x prompt length. Results and gradients equal plain
+attention up to float rounding (``tests/test_attention_part.py`` against one softmax over the joined keys,
+``tests/test_policy.py`` sampled tokens and log-probs against ``DynamicCache`` generation,
+``tests/test_shared_prefix.py`` gradients against one forward per sample).
 
 Two transformers attention implementations use it, switched on by ``active`` and off after:
 
@@ -32,6 +38,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface, AttentionMaskInterface
+
+from .attention_part import attend, attend_backward, merge
 
 ATTN_NAME = "atgrpo_cascade"
 TREE_NAME = "atgrpo_prefix_tree"
@@ -92,74 +100,67 @@ def two_part_attention(br: Branches, query, prompt_k, prompt_v, own_k, own_v, sc
     queries being the last ``M`` of the ``S`` own positions (causal among them).
 
     query (R, H, M, D); prompt_k, prompt_v (G, Hkv, P, D); own_k, own_v (R, Hkv, S, D); returns (R, H, M, D).
-    Scores, maxima and sums are float32 (as the eager attention's softmax); masks are additive biases (cheaper
-    than a broadcast ``masked_fill`` on CPU). The maxima are constants for autograd (the
-    result does not depend on them), so the backward is the plain attention's."""
+    Each part is one fused attention call (``attention_part.attend``: the prompt part with the branches of a
+    prompt stacked as its query rows, grouped-query heads stacked as rows, no repeated keys), merged by the parts'
+    log-sum-exps. With gradients (``_TwoPart``) only the merged output and log-sum-exp are kept: the backward
+    recomputes each part's scores from them, so no ``(queries x keys)`` scores stay alive between the forward and
+    the backward."""
     dev = query.device.type
-    if torch.is_autocast_enabled(dev):  # model.autocast: matmuls in its dtype, as torch's own attention under it
+    if torch.is_autocast_enabled(dev):  # model.autocast: attention in its dtype, as torch's own attention under it
         dt = torch.get_autocast_dtype(dev)
         query, prompt_k, prompt_v, own_k, own_v = (x.to(dt) for x in (query, prompt_k, prompt_v, own_k, own_v))
-    if _FLASH_CPU is not None and dev == "cpu" and not torch.is_grad_enabled():
-        return _flash_cpu(br, query, prompt_k, prompt_v, own_k, own_v, scale, n_rep)
-    M, S = query.shape[-2], own_k.shape[-2]
-    q = query * scale
-    s_p = _scores(br.to_groups(q, M), prompt_k, n_rep).float() + br.prompt_bias  # (G, H, K_max * M, P)
-    s_r = _scores(q, own_k, n_rep).float()  # (R, H, M, S)
-    if M > 1:
-        s_r = s_r + _causal_bias(M, S, s_r.device)
-    with torch.no_grad():
-        m = torch.maximum(br.to_rows(s_p.amax(-1, keepdim=True), M), s_r.amax(-1, keepdim=True))  # (R, H, M, 1)
-    e_p = torch.exp(s_p - br.to_groups(m, M))
-    e_r = torch.exp(s_r - m)
-    o = (br.to_rows(_weighted(e_p.to(prompt_v.dtype), prompt_v, n_rep), M)
-         + _weighted(e_r.to(own_v.dtype), own_v, n_rep))  # (R, H, M, D)
-    lse = br.to_rows(e_p.sum(-1, keepdim=True), M) + e_r.sum(-1, keepdim=True)
-    return (o / lse).to(query.dtype)
-
-
-# torch's fused CPU attention kernel, which also returns each row's log-sum-exp (no backward through it here)
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _flash_cpu(br: Branches, query, prompt_k, prompt_v, own_k, own_v, scale: float, n_rep: int) -> torch.Tensor:
-    """``two_part_attention`` without gradients (sampling, frozen scoring) on torch's fused CPU kernel: two
-    fused calls instead of a dozen small ops, which matters at decode shapes, where each op's fixed cost
-    dominates. The two parts' outputs are merged by their log-sum-exps. Grouped-query heads are stacked as rows
-    (no repeated keys)."""
     R, H, M, D = query.shape
-    Hkv = prompt_k.shape[1]
-    qg = br.to_groups(query, M).reshape(br.G, Hkv, -1, D)  # (G, Hkv, n_rep * K_max * M, D)
-    o_p, l_p = _FLASH_CPU(qg, prompt_k, prompt_v, 0.0, False, attn_mask=br.prompt_bias.to(query.dtype),
-                          scale=scale)
+    Hkv, S = prompt_k.shape[1], own_k.shape[-2]
+    q_prompt = br.to_groups(query, M).reshape(br.G, Hkv, -1, D)  # (G, Hkv, n_rep * K_max * M, D)
+    q_own = query.reshape(R, Hkv, n_rep * M, D)
     own_bias = None
     if M > 1:  # causal with the queries' offset, tiled over the stacked heads
-        own_bias = _causal_bias(M, own_k.shape[-2], query.device).to(query.dtype).repeat(n_rep, 1)
-    o_r, l_r = _FLASH_CPU(query.reshape(R, Hkv, n_rep * M, D), own_k, own_v, 0.0, False, attn_mask=own_bias,
-                          scale=scale)
-    part = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), M)
-    o_p, l_p = part[..., :D], part[..., D:]  # (R, H, M, .): the prompt part's output and log-sum-exp per branch
-    o_r, l_r = o_r.reshape(R, H, M, D).float(), l_r.reshape(R, H, M, 1)
-    lse = torch.logaddexp(l_p, l_r)
-    return (o_p * torch.exp(l_p - lse) + o_r * torch.exp(l_r - lse)).to(query.dtype)
+        own_bias = _causal_bias(M, S, query.device).repeat(n_rep, 1)
+    return _TwoPart.apply(q_prompt, q_own, prompt_k, prompt_v, own_k, own_v, br, own_bias, scale, M)
+
+
+class _TwoPart(torch.autograd.Function):
+    """``two_part_attention`` on its two stacked query layouts; keeps the inputs, the merged output and the
+    merged log-sum-exp, nothing of the scores' size (``attention_part``)."""
+
+    @staticmethod
+    def forward(ctx, q_prompt, q_own, prompt_k, prompt_v, own_k, own_v, br: Branches, own_bias, scale: float,
+                M: int):
+        R, Hkv, nM, D = q_own.shape
+        H = Hkv * (nM // M)
+        with torch.autocast(q_own.device.type, enabled=False):
+            o_p, l_p = attend(q_prompt, prompt_k, prompt_v, br.prompt_bias, scale)
+            o_r, l_r = attend(q_own, own_k, own_v, own_bias, scale)
+            # the prompt part per branch: (R, H, M, D + 1), output and log-sum-exp side by side
+            part = br.to_rows(torch.cat([o_p.float(), l_p[..., None]], -1).reshape(br.G, H, -1, D + 1), M)
+            o, lse = merge(part[..., :D], part[..., D], o_r.reshape(R, H, M, D), l_r.reshape(R, H, M))
+            o = o.to(q_own.dtype)
+        ctx.save_for_backward(q_prompt, q_own, prompt_k, prompt_v, own_k, own_v, o, lse)
+        ctx.br, ctx.own_bias, ctx.scale, ctx.M = br, own_bias, scale, M
+        return o
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        q_prompt, q_own, prompt_k, prompt_v, own_k, own_v, o, lse = ctx.saved_tensors
+        br, M, scale = ctx.br, ctx.M, ctx.scale
+        R, H, _, D = o.shape
+        Hkv = q_own.shape[1]
+        with torch.autocast(q_own.device.type, enabled=False):
+            # the gradient, output and log-sum-exp in the prompt part's layout (absent slots 0: they get none)
+            g = br.to_groups(torch.cat([grad_o.float(), o.float(), lse[..., None]], -1), M).reshape(
+                br.G, Hkv, -1, 2 * D + 1)
+            dq_p, dk_p, dv_p = attend_backward(g[..., :D], q_prompt, prompt_k, prompt_v, g[..., D:2 * D],
+                                               g[..., 2 * D], br.prompt_bias, scale)
+            dq_o, dk_o, dv_o = attend_backward(grad_o.reshape(q_own.shape), q_own, own_k, own_v,
+                                               o.reshape(q_own.shape), lse.reshape(q_own.shape[:-1]), ctx.own_bias,
+                                               scale)
+        return dq_p, dq_o, dk_p, dv_p, dk_o, dv_o, None, None, None, None
 
 
 def _causal_bias(M: int, S: int, device) -> torch.Tensor:
     """(M, S): 0 where query i (the last M of S positions) may attend key j (j <= S - M + i), else -inf."""
     allowed = torch.arange(S, device=device) <= torch.arange(S - M, S, device=device)[:, None]
     return torch.zeros((M, S), device=device).masked_fill(~allowed, float("-inf"))
-
-
-def _scores(q: torch.Tensor, k: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """``q @ k^T`` per head: q (N, H, M, D), k (N, H / n_rep, S, D) -> (N, H, M, S). Grouped-query attention
-    without repeating k: the n_rep query heads of a key head are stacked as rows against it."""
-    N, H, M, D = q.shape
-    return (q.reshape(N, H // n_rep, n_rep * M, D) @ k.transpose(-1, -2)).reshape(N, H, M, -1)
-
-
-def _weighted(e: torch.Tensor, v: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """``e @ v`` per head: e (N, H, M, S), v (N, H / n_rep, S, D) -> (N, H, M, D), v not repeated."""
-    N, H, M, S = e.shape
-    return (e.reshape(N, H // n_rep, n_rep * M, S) @ v).reshape(N, H, M, -1)
 
 
 class PrefixTree:

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from . import cascade
-from .logprobs import token_logprobs
+from .logprobs import model_logprobs
 
 
 @dataclass
@@ -175,15 +175,17 @@ class CausalLMPolicy:
         keep = L - min(len(p) for p in prompt_ids) + 1
         tgt_idx = (tgt_idx - (L - keep)).clamp(min=0)  # padding entries (masked) may not point before the window
         seq, attn, tgt_idx, mask = (x.to(self.device) for x in (seq, attn, tgt_idx, mask))
-        if self.takes_logits_to_keep:
-            logits = self.model(input_ids=seq, attention_mask=attn, logits_to_keep=keep).logits  # (B, keep, V)
-        else:
-            logits = self.model(input_ids=seq, attention_mask=attn).logits[:, L - keep:]
         targets = torch.zeros((B, T), dtype=torch.long, device=self.device)
         for i, r in enumerate(response_ids):
             targets[i, :len(r)] = torch.tensor(r)
         rows = tgt_idx + keep * torch.arange(B, device=self.device)[:, None]  # into logits flattened to (B * keep, V)
-        return token_logprobs(logits, targets, temperature, rows=rows) * mask, mask  # (B, T)
+
+        def forward() -> torch.Tensor:  # (B, keep, V): the positions that predict response tokens
+            if self.takes_logits_to_keep:
+                return self.model(input_ids=seq, attention_mask=attn, logits_to_keep=keep).logits
+            return self.model(input_ids=seq, attention_mask=attn).logits[:, L - keep:]
+
+        return model_logprobs(self.model, forward, targets, temperature, rows=rows) * mask, mask  # (B, T)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

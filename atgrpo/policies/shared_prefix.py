@@ -30,7 +30,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 from . import cascade
 from .cascade import PrefixTree
-from .logprobs import token_logprobs
+from .logprobs import model_logprobs, token_logprobs
 from .protocol import TrainablePolicy
 
 
@@ -135,9 +135,10 @@ def shared_prefix_logprobs(policy: TrainablePolicy, prompt_ids: Sequence[Sequenc
                          "prompts' keys in a cache, which checkpointed layers drop; set algo.shared_prefix=false")
     # token 0 is predicted from its prompt's last position, token t > 0 from the response's input t - 1
     if policy.cascade:
-        logits = _tree_logits(policy, prompts, row_group, rin.to(dev))  # (G + R * (T - 1), V)
         own = len(groups) + (T - 1) * torch.arange(B, device=dev)[:, None] + torch.arange(T - 1, device=dev)
-        logp = token_logprobs(logits, targets, temperature, rows=torch.cat([row_group[:, None], own], dim=1))
+        # the positions (G + R * (T - 1)) that predict response tokens; the LM head fused into the log-probs
+        logp = model_logprobs(policy.model, lambda: _tree_logits(policy, prompts, row_group, rin.to(dev)),
+                              targets, temperature, rows=torch.cat([row_group[:, None], own], dim=1))
     else:
         first, rest = _two_pass_logits(policy, prompts, row_group, rin.to(dev))
         logp = torch.cat([token_logprobs(first, targets[:, :1], temperature, rows=row_group[:, None]),

@@ -33,6 +33,7 @@ from .atomic_files import atomic_write_text, write_dir_atomically
 from .checkpoint import (CHECKPOINT_DIR, Checkpoint, load_references, remove_leftovers,
                          restore_newest_intact, save_policies, save_references)
 from .evaluate import run_eval
+from .memory import peak_rss_mib, phase
 from .metrics import MetricsLogger, plot_curves
 from .recovery import RecoveryExhausted, recover
 from .run_settings import sandbox_note, set_precision, set_threads
@@ -140,7 +141,8 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
             after, episodes = run.before, run.before_episodes
         else:
             run.say(f"eval after: {cfg.eval.problems} held-out problems ...")
-            after, episodes = run_eval(run.state, cfg.seed)
+            with phase("eval_after", run.summary.setdefault("peak_rss_mb", {})):
+                after, episodes = run_eval(run.state, cfg.seed)
         run.evals.append((cfg.train.steps, after["success_rate"]))
         run.logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
     finally:
@@ -208,7 +210,9 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     stop.stop_point = "the warm start and the evaluation before RL"
     if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
         t = time.time()
-        losses = warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed, progress)
+        with phase("warmstart", summary.setdefault("peak_rss_mb", {})):
+            losses = warm_start(state.make_env, state.agent_to_policy, state.policies, cfg.warmstart, cfg.seed,
+                                progress)
         summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
         say(f"warm start done in {time.time() - t:.0f}s; final loss " +
             ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
@@ -217,7 +221,8 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
         save_references(run_dir, state)
     t = time.time()
     say(f"eval before: {cfg.eval.problems} held-out problems, one greedy episode each ...")
-    before, episodes = run_eval(state, cfg.seed)
+    with phase("eval_before", summary.setdefault("peak_rss_mb", {})):
+        before, episodes = run_eval(state, cfg.seed)
     say(f"eval before ({time.time() - t:.0f}s): success {before['success_rate']:.3f} on "
         f"{int(before['problems'])} held-out problems")
     summary["eval_before"] = before
@@ -274,8 +279,11 @@ def _steps(run: Run, stop: StopOnSignal, at: list[int]) -> None:
             metrics["ray/recoveries"] = float(len(run.recoveries))
             metrics["time/ray_recovery_lost"], run.lost_s = run.lost_s, 0.0
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
-            ev, eval_episodes = run_eval(state, cfg.seed)
+            peaks: dict[str, float] = {}
+            with phase("eval", peaks):
+                ev, eval_episodes = run_eval(state, cfg.seed)
             metrics.update({f"eval/{k}": v for k, v in ev.items()})
+            metrics.update({f"perf/peak_rss_mb/{k}": v for k, v in peaks.items()})
             run.evals.append((step, ev["success_rate"]))
         run.log(step, metrics, result.samples)
         del result  # the samples: free them before the checkpoint
@@ -291,6 +299,9 @@ def _finish(run: Run, after: dict[str, float], episodes: list, start: float) -> 
     cfg, run_dir, summary = run.cfg, run.run_dir, run.summary
     summary["eval_after"] = after
     summary["wall_seconds"] = time.time() - start
+    peak = peak_rss_mib()
+    if peak is not None:  # the whole process's (on a resume: since it resumed)
+        summary.setdefault("peak_rss_mb", {})["process"] = peak
     if cfg.system.backend == "ray":
         summary["recoveries"] = [vars(r) for r in run.recoveries]
     write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(run.state, d))

@@ -20,6 +20,7 @@ from ..algorithms.grouping import check_group_sizes, group_index, group_key_fn, 
 from ..config import AlgoConfig
 from ..rollout.records import EpisodeResult, Sample
 from ..rollout.tree import trajectory_rollout, tree_rollout
+from .memory import phase
 from .setup import problem_seed, train_sampling
 from .state import TrainState
 from .update import UpdateStats
@@ -37,6 +38,7 @@ class StepResult:
     updates: dict[str, UpdateStats]  # policy id -> its update
     backend: dict[str, float]  # the backend's metrics (Ray: ray/*)
     timings: dict[str, float]  # rollout, advantages, update, step
+    peaks: dict[str, float]  # rollout, update: this process's peak resident memory in the phase (MiB)
 
     @property
     def skipped_nonfinite(self) -> int:
@@ -70,6 +72,7 @@ class StepResult:
         m["perf/update_tokens_per_s"] = upd_tokens / max(1e-9, t["update"])
         m["perf/tokens_per_s"] = (gen_tokens + upd_tokens) / max(1e-9, t["step"])
         m.update({f"time/{k}": v for k, v in t.items()})
+        m.update({f"perf/peak_rss_mb/{k}": v for k, v in self.peaks.items()})
         return m
 
 
@@ -105,9 +108,10 @@ def assign_advantages(samples: list[Sample], algo: AlgoConfig, group_size: int |
 
 def train_step(state: TrainState, step: int) -> StepResult:
     """Rollout -> advantages -> each policy's update on its own samples."""
-    cfg, timings = state.cfg, {}
+    cfg, timings, peaks = state.cfg, {}, {}
     t0 = time.perf_counter()
-    samples, episodes = rollout(state, step)
+    with phase("rollout", peaks):
+        samples, episodes = rollout(state, step)
     timings["rollout"] = time.perf_counter() - t0
 
     t = time.perf_counter()
@@ -118,11 +122,12 @@ def train_step(state: TrainState, step: int) -> StepResult:
     t = time.perf_counter()
     batches = {pid: [s for s in samples if s.policy == pid
                      and not (cfg.algo.filter_zero_variance and s.info["zero_variance"])] for pid in state.policies}
-    updates = state.backend.update(state, batches)
+    with phase("update", peaks):
+        updates = state.backend.update(state, batches)
     timings["update"] = time.perf_counter() - t
     backend = state.backend.step_metrics()
     timings["step"] = time.perf_counter() - t0
-    return StepResult(samples, episodes, groups, updates, backend, timings)
+    return StepResult(samples, episodes, groups, updates, backend, timings, peaks)
 
 
 def rollout_metrics(samples: list[Sample], episodes: list[EpisodeResult]) -> dict[str, float]:

@@ -160,14 +160,14 @@
     });
     return out;
   }
-  function phaseLines() {
+  function phaseLines(prefix) {  // one line per metric under prefix (a phase), per run
     var out = [], phases = {};
-    D.runs.forEach(function (run) { Object.keys(run.metrics.series).forEach(function (k) { if (k.indexOf("time/") === 0) phases[k] = 1; }); });
+    D.runs.forEach(function (run) { Object.keys(run.metrics.series).forEach(function (k) { if (k.indexOf(prefix) === 0) phases[k] = 1; }); });
     Object.keys(phases).sort().forEach(function (k, j) {
       D.runs.forEach(function (run, i) {
         var sr = series(run, k);
         out.push({xs: sr.xs, ys: sr.ys, color: PALETTE[j % PALETTE.length], dash: DASHES[i % DASHES.length],
-                  label: k.slice(5) + (multi() ? " (" + run.name + ")" : "")});
+                  label: k.slice(prefix.length) + (multi() ? " (" + run.name + ")" : "")});
       });
     });
     return out;
@@ -198,6 +198,7 @@
     if (s) {
       if (s.wall_seconds !== undefined) row("wall time", fmt(s.wall_seconds, 0) + " s");
       if (s.agent_to_policy) row("agents \u2192 policies", Object.keys(s.agent_to_policy).map(function (a) { return a + "\u2192" + s.agent_to_policy[a]; }).join(", "));
+      if (s.peak_rss_mb) row("peak memory (MiB)", Object.keys(s.peak_rss_mb).map(function (k) { return k + " " + fmt(s.peak_rss_mb[k], 0); }).join(", "));
       if (s.eval_after) row("held-out after", Object.keys(s.eval_after).map(function (k) { return k + "=" + fmt(s.eval_after[k]); }).join(", "));
     }
     card.appendChild(h("table", null, rows));
@@ -230,7 +231,8 @@
     grid.appendChild(chart("clip fraction", perRun("loss/clipfrac")));
     grid.appendChild(chart("zero-variance group fraction", perRun("group/zero_variance_frac")));
     grid.appendChild(chart("tokens/s", perRun("perf/tokens_per_s")));
-    grid.appendChild(chart("phase times (s)", phaseLines()));
+    grid.appendChild(chart("phase times (s)", phaseLines("time/")));
+    grid.appendChild(chart("peak memory per phase (MiB)", phaseLines("perf/peak_rss_mb/"), "this process's resident memory at its highest in each phase"));
     sec.appendChild(grid);
     // any other metric
     var names = {};
