@@ -26,7 +26,7 @@ from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, 
 # the shapes' part of the planner (``model_shapes``) is re-exported: ``plan_memory`` is the one entry point
 __all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "HEAD_CHUNK_BYTES", "MicroBatch", "ModelPlan",
            "ModelShape", "RUNTIME_GB", "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes",
-           "fit_gpus", "format_plan", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
+           "budget_fill", "fit_gpus", "format_plan", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
            "logits_bytes", "lora_params", "micro_batch", "num_params", "plan", "read_hf_config",
            "response_attention_bytes", "runtime_bytes", "sampler_bytes", "sampling_bytes",
            "settings_from_config", "shape_from_hf_config", "tiny_shape"]
@@ -194,15 +194,32 @@ def activation_bytes(s: ModelShape, r: RunSettings) -> int:
     ``response_attention_bytes`` x response tokens), the final norm (``3 * hidden`` per token), the logits
     (``logits_bytes``), and one layer's worth again for the gradients the backward makes while it walks through a
     layer; under autocast ``autocast_extra_bytes``. With gradient checkpointing each layer keeps only its input
-    (``hidden`` per token) and the one layer being recomputed holds its full set."""
+    (``hidden`` per token) and the one layer being recomputed holds its full set.
+
+    With shared prefix the packer fills a micro-batch up to ``token_budget`` with groups of any length, so shorter
+    groups join the longest one (a Plan-Path tool group of 2,420 tokens and a plan group of 1,092 under a budget of
+    4,096): every per-token term is scaled by ``budget_fill`` to a full budget, in the longest group's
+    proportions."""
     mb, b = micro_batch(r), act_bytes(r)
+    fill = budget_fill(r, mb)
     extra_per_token, weight_copies = autocast_extra_bytes(s, r)
     resp_tokens = mb.rows * (mb.response - 1)
     attn = resp_tokens * response_attention_bytes(s, mb, b) if r.shared_prefix else 0
-    one_layer = mb.tokens * (layer_activation_elements(s) * b + extra_per_token) + attn
+    one_layer = fill * (mb.tokens * (layer_activation_elements(s) * b + extra_per_token) + attn)
     residual = DTYPE_BYTES[r.dtype]  # the residual stream and the norms: the weights' dtype (float32 under autocast)
-    kept = s.layers * (mb.tokens * s.hidden * residual) if r.gradient_checkpointing else s.layers * one_layer
-    return kept + one_layer + 3 * mb.tokens * s.hidden * residual + logits_bytes(s, mb, r) + weight_copies
+    tokens = fill * mb.tokens
+    kept = s.layers * (tokens * s.hidden * residual) if r.gradient_checkpointing else s.layers * one_layer
+    head = logits_bytes(s, mb, r) + 4 * (fill - 1) * mb.logit_rows  # the log-sum-exps of the filled positions
+    return int(kept + one_layer + 3 * tokens * s.hidden * residual + head + weight_copies)
+
+
+def budget_fill(r: RunSettings, mb: MicroBatch) -> float:
+    """How many of the longest micro-batch (``micro_batch``) a full ``token_budget`` holds when shorter groups fill
+    the rest (shared prefix; at most ``micro_batch_size`` responses): ``>= 1``, and 1 without shared prefix or when
+    one group alone exceeds the budget."""
+    if not r.shared_prefix or mb.tokens >= r.token_budget:
+        return 1.0
+    return max(1.0, min(r.token_budget / mb.tokens, r.micro_batch_size / mb.rows))
 
 
 def kv_cache_bytes(s: ModelShape, r: RunSettings) -> int:
@@ -227,14 +244,18 @@ def sampling_bytes(s: ModelShape, r: RunSettings) -> int:
 
 
 def sampler_bytes(s: ModelShape, r: RunSettings) -> int:
-    """The rollout's own weights, kept for the whole run beside the trainer's: the bfloat16 copy it samples from
-    (``rollout_copy``: every parameter x 2) and, for the native engine on the CPU (``packed_weights``), a second
-    copy of every linear layer and of the LM head in oneDNN's blocked layout, in the dtype it samples in
-    (``engine/weights.py``; the norms, a few thousand parameters, are not counted)."""
-    P = num_params(s)
-    copy = P * 2 if r.rollout_copy else 0
-    packed_params = P - (0 if s.tied else s.vocab * s.hidden)  # the embedding's rows are read, not packed
-    packed = packed_params * (2 if r.rollout_copy else DTYPE_BYTES[r.dtype]) if r.packed_weights else 0
+    """The rollout's own weights, kept for the whole run beside the trainer's:
+
+    - the copy it samples from (``rollout_copy``, ``policies/rollout_copy.py``): every linear layer in bfloat16,
+      the embedding and the LM head in float32 (the head's highest logits are recomputed in float32) and the head
+      once more in bfloat16 (the ranking);
+    - for the native engine on the CPU (``packed_weights``, ``engine/weights.py``): every linear layer and the LM
+      head again in oneDNN's blocked layout, in the dtype it samples in.
+    The norms (a few thousand parameters) are counted as linear weights."""
+    P, head = num_params(s), s.vocab * s.hidden
+    embeddings = head * (1 if s.tied else 2)  # the input embedding and the LM head (one tensor when tied)
+    copy = (P - embeddings) * 2 + embeddings * 4 + head * 2 if r.rollout_copy else 0
+    packed = (P - embeddings + head) * (2 if r.rollout_copy else DTYPE_BYTES[r.dtype]) if r.packed_weights else 0
     return copy + packed
 
 

@@ -31,11 +31,12 @@ def main(argv: list[str]) -> dict:
     from atgrpo.cli import _split_args
     from atgrpo.config import load_config
     from atgrpo.trainer.memory import peak_rss_mib, reset_peak_rss
+    from atgrpo.trainer.run_settings import set_precision
     from atgrpo.trainer.state import build_state_checked
     from atgrpo.trainer.step import train_step
 
     path, overrides = _split_args(argv)
-    cfg = load_config(path, overrides)
+    cfg = set_precision(load_config(path, overrides), lambda *a: None)  # model.precision=auto as the run resolves it
     torch.set_num_threads(max(1, cfg.train.threads))
     before = _status_mib("VmRSS")
     state = build_state_checked(cfg)
@@ -49,6 +50,7 @@ def main(argv: list[str]) -> dict:
     responses = [len(s.response_ids) for s in result.samples]
     return {
         "config": path, "overrides": overrides, "sharing": cfg.policy.sharing, "dtype": cfg.model.dtype,
+        "precision": cfg.model.precision,
         "rss_before_build_mib": round(before, 1), "rss_after_build_mib": round(built, 1),
         "peak_step_mib": round(peak, 1), "build_growth_mib": round(built - before, 1),
         "peak_growth_mib": round(peak - before, 1),

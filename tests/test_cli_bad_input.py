@@ -35,7 +35,8 @@ ROWS = [
     ("missing config file", ["{tmp}/nope.yaml"], 2, ["nope.yaml", "not found"]),
     ("YAML list", ["{tmp}/list.yaml"], 2, ["list.yaml", "mapping"]),
     ("missing model path", ["model.kind=hf", "model.path=/no/such/model-dir"], 2, ["/no/such/model-dir"]),
-    ("hub id", ["model.kind=hf", "model.path=Qwen/Qwen3-1.7B"], 2, ["Qwen/Qwen3-1.7B", "hub id"]),
+    ("hub id not in the cache, offline", ["model.kind=hf", "model.path=Qwen/Qwen3-1.7B"], 2,
+     ["Qwen/Qwen3-1.7B", "revision main", "not in the Hugging Face cache", "HF_HUB_OFFLINE"]),
     # tracebacks before
     ("fractional steps", ["train.steps=2.5"], 2, ["train.steps=2.5", "integer"]),
     ("non-integer seed", ["seed=abc"], 2, ["seed='abc'", "integer"]),
@@ -111,7 +112,8 @@ def _run(row, root: str) -> dict:
         named = os.path.join(cwd, "named-out")  # a directory the user made for the run: must stay empty
         os.makedirs(named)
         args += ["--out", named]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", HF_HOME=root + "-hf-home")  # hub ids: an empty cache beside the scratch, no network
     proc = subprocess.run([sys.executable, "-m", "atgrpo.cli", "train", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
     return {"rc": proc.returncode, "err": proc.stderr, "out": proc.stdout, "cwd": cwd, "named": named}

@@ -15,7 +15,7 @@ from atgrpo.cli import main
 # hidden 8, 2 layers, 2 heads of 4 over 1 kv head, intermediate 16, vocab 10, untied LM head
 SHAPE = pm.ModelShape(hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10, tied=False)
 RUN = pm.RunSettings(sharing="L1", roles=2, dtype="float32", lora_rank=2, K=2, problems=3, prompt_tokens=5,
-                     new_tokens=4, micro_batch_size=8, token_budget=20, shared_prefix=True)
+                     new_tokens=4, micro_batch_size=8, token_budget=11, shared_prefix=True)
 
 
 def test_parameters_by_hand():
@@ -30,8 +30,17 @@ def test_parameters_by_hand():
 
 
 def test_micro_batch_by_hand():
-    # a group costs 5 + 2 * (4 - 1) = 11 padded tokens: one group fits the budget of 20 -> 1 prompt, 2 responses
+    # a group costs 5 + 2 * (4 - 1) = 11 padded tokens: one group fits the budget of 11 -> 1 prompt, 2 responses
     assert pm.micro_batch(RUN) == pm.MicroBatch(groups=1, rows=2, prompt=5, response=4, tokens=11, logit_rows=7)
+    assert pm.budget_fill(RUN, pm.micro_batch(RUN)) == 1.0
+    # a budget of 20: whole groups of 11 leave 9 tokens that shorter groups fill: 20 / 11 of the longest group
+    wide = pm.RunSettings(**{**RUN.__dict__, "token_budget": 20})
+    assert pm.micro_batch(wide).tokens == 11 and pm.budget_fill(wide, pm.micro_batch(wide)) == 20 / 11
+    # per-token terms scaled: 3 layers' worth of 6608 * 20 / 11, the final norm of 20 tokens 3 * 20 * 8 * 4, the
+    # head 588 and the log-sum-exps of 7 * 9 / 11 more positions
+    assert pm.activation_bytes(SHAPE, wide) == int(3 * 6608 * 20 / 11 + 1920 + 588 + 4 * 7 * 9 / 11)
+    # at most micro_batch_size responses: 3 rows are 1.5 groups of 2, fewer than 20 / 11 would be
+    assert pm.budget_fill(pm.RunSettings(**{**wide.__dict__, "micro_batch_size": 3}), pm.micro_batch(wide)) == 1.5
     # budget 10 < 11: the group is split into sub-groups of (10 - 5) // 3 = 1 response
     small = pm.RunSettings(**{**RUN.__dict__, "token_budget": 10})
     assert pm.micro_batch(small) == pm.MicroBatch(1, 1, 5, 4, 8, 4)
@@ -208,12 +217,12 @@ def test_plan_within_20_percent_of_the_measured_peak(config):
 
 
 def test_sampler_weights_by_hand():
-    # the bfloat16 rollout copy: 1352 * 2; the CPU engine's packed weights of it: every parameter but the untied
-    # embedding (10 * 8), 1272 * 2
+    # the rollout copy: the layers (1352 - 2 * 80) * 2, the untied embedding and head in float32 160 * 4, the head
+    # in bfloat16 80 * 2; the CPU engine's packed weights of it: the layers and the head (1352 - 160 + 80) * 2
     r = pm.RunSettings(**{**RUN.__dict__, "rollout_copy": True, "packed_weights": True, "compute_dtype": "bfloat16"})
-    assert pm.sampler_bytes(SHAPE, r) == 2704 + 2544
+    assert pm.sampler_bytes(SHAPE, r) == 2384 + 640 + 160 + 2544
     (p,) = pm.plan(SHAPE, r)
-    assert p.sampler == 5248 and p.peak == p.weights + 5248 + p.optimizer + max(p.update, p.rollout)
+    assert p.sampler == 5728 and p.peak == p.weights + 5728 + p.optimizer + max(p.update, p.rollout)
     # a float32 model sampled by the CPU engine: its packed float32 weights only
     assert pm.sampler_bytes(SHAPE, pm.RunSettings(**{**RUN.__dict__, "packed_weights": True})) == 1272 * 4
     assert pm.sampler_bytes(SHAPE, RUN) == 0

@@ -277,6 +277,11 @@ def _validate_model(cfg: Config) -> None:
         raise ConfigError(f"model.path={m.path!r} is a file; give the model's directory (config.json, weights, "
                           f"tokenizer files){gguf}")
     from ..policies.hf import PRESETS, model_source_error  # local import: pulls in torch
+    from ..policies.hub import looks_like_hub_id
+
+    if m.revision is not None and not looks_like_hub_id(m.path):
+        raise ConfigError(f"model.revision={m.revision!r} goes with a hub id in model.path (org/name); "
+                          f"model.path={m.path!r} is not one")
 
     if m.preset is not None:
         _choice("model.preset", m.preset, list(PRESETS))

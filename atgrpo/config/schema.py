@@ -62,7 +62,9 @@ class TinyConfig:
 @dataclass
 class ModelConfig:
     kind: Literal["tiny", "hf"] = "tiny"  # tiny | hf (a local Hugging Face model directory in `path`, or a `preset`)
-    path: str | None = None  # hf: a local model directory (never a hub id: nothing is downloaded)
+    path: str | None = None  # hf: a local model directory, or a hub id org/name (the Hugging Face cache; downloaded
+    # unless HF_HUB_OFFLINE=1)
+    revision: str | None = None  # hf, with a hub id: a branch, tag or commit (default main); pinned to its commit
     preset: str | None = None  # hf: a named model, e.g. smollm2-135m (see docs/models.md)
     gguf_file: str | None = None  # hf: a GGUF file in `path` (dequantized once, cached); with a preset, its file
     enable_thinking: bool = False  # hf: passed to the chat template (Qwen3's thinking mode; the paper: off)

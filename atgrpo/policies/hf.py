@@ -25,14 +25,14 @@ from typing import Any
 
 import torch
 
+from . import hub
 from .causal_lm import CausalLMPolicy
+from .hub import ModelNotFound
 
 CACHE_ENV = "ATGRPO_CACHE_DIR"  # where converted GGUF models are cached (default ~/.cache/atgrpo)
 SOURCE_FILE = "atgrpo_source.json"  # written last into a cache directory: the conversion is complete
 
 
-class ModelNotFound(ValueError):
-    """A model that cannot be loaded on this machine; the message says how to get it."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,6 @@ def cache_root() -> str:
     return os.path.join(base, "atgrpo")
 
 
-def _looks_like_hub_id(path: str) -> bool:
-    parts = path.split("/")
-    return (len(parts) == 2 and all(parts) and not path.startswith((".", "~"))
-            and not any(p in (".", "..") for p in parts))
-
-
 def model_source_error(path: str | None, gguf_file: str | None = None) -> str | None:
     """Why ``path`` (+ ``gguf_file``) cannot be loaded here, or None. Pure file checks: safe in config
     validation."""
@@ -96,15 +90,13 @@ def model_source_error(path: str | None, gguf_file: str | None = None) -> str | 
         return None
     full = os.path.expanduser(path)
     if not os.path.exists(full):
-        if _looks_like_hub_id(path):
-            return (f"model.path={path!r} does not exist here; if it is a Hugging Face hub id: models are never "
-                    f"downloaded (loads use local_files_only). On a machine with network run `huggingface-cli "
-                    f"download {path} --local-dir /some/dir/{path.split('/')[-1]}`, copy that directory here and "
-                    f"set model.path to it")
+        if hub.looks_like_hub_id(path):
+            if gguf_file:
+                return f"model.gguf_file={gguf_file!r} needs a local model.path; {path!r} is a hub id"
+            return None  # resolved through the Hugging Face cache at start-up (policies/hub.py)
         return (f"model.path={path!r} does not exist; model.kind=hf needs a local Hugging Face model directory "
-                f"(config.json, weights, tokenizer files) or a directory holding model.gguf_file; nothing is "
-                f"downloaded (get one with `huggingface-cli download REPO --local-dir DIR` on a machine with "
-                f"network)")
+                f"(config.json, weights, tokenizer files), a directory holding model.gguf_file, or a hub id "
+                f"org/name (resolved through the Hugging Face cache)")
     if gguf_file:
         g = gguf_file if os.path.isabs(gguf_file) else os.path.join(full, gguf_file)
         if os.path.isfile(full) and full.endswith(".gguf") and os.path.basename(full) == os.path.basename(gguf_file):
@@ -222,6 +214,8 @@ def resolve_model_dir(mcfg) -> str:
     err = model_source_error(mcfg.path, mcfg.gguf_file)
     if err:
         raise ModelNotFound(err)
+    if hub.looks_like_hub_id(mcfg.path):
+        return hub.resolve(mcfg.path, mcfg.revision)[0]
     path = os.path.expanduser(mcfg.path)
     if mcfg.gguf_file:
         gguf = mcfg.gguf_file if os.path.isabs(mcfg.gguf_file) else os.path.join(path, mcfg.gguf_file)

@@ -36,7 +36,7 @@ from .evaluate import run_eval
 from .memory import peak_rss_mib, phase
 from .metrics import MetricsLogger, plot_curves
 from .recovery import RecoveryExhausted, recover
-from .run_settings import sandbox_note, set_precision, set_threads
+from .run_settings import pin_model, sandbox_note, set_precision, set_threads
 from .run_dir import (LOCK_FILE, RESOLVED_AT_START, ResumeError, RunError, RunLock, StopOnSignal, config_changes,
                       key_list, one_line, warn)
 from .state import TrainState, build_state_checked, check_model_path
@@ -122,7 +122,7 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
            started: list[bool]) -> dict[str, Any]:
     start = time.time()
     say = print if progress else (lambda *a, **k: None)
-    cfg = set_precision(set_threads(cfg, say), say)
+    cfg = set_precision(set_threads(pin_model(cfg, say), say), say)
     opened = _open(cfg, run_dir, resume, started, say, progress, stop)
     if isinstance(opened, dict):  # the run had already finished
         return opened

@@ -50,3 +50,24 @@ def set_precision(cfg: Config, say: Callable[..., None]) -> Config:
         other = "float32" if precision == "bfloat16" else "bfloat16"
         say(f"atgrpo: precision={precision} ({why}; model.precision={other} to change)")
     return cfg
+
+
+def pin_model(cfg: Config, say: Callable[..., None]) -> Config:
+    """A hub id in ``model.path`` resolved through the Hugging Face cache (downloaded unless ``HF_HUB_OFFLINE=1``)
+    before any other work, and ``model.revision`` pinned to the commit found, in the returned config
+    (config.yaml): a resume, and the vLLM engine, read the same files. Local directories and presets are
+    unchanged."""
+    from ..config import ConfigError
+    from ..policies import hub
+
+    if cfg.model.kind != "hf" or cfg.model.preset or not hub.looks_like_hub_id(cfg.model.path):
+        return cfg
+    try:
+        path, commit = hub.resolve(cfg.model.path, cfg.model.revision)
+    except hub.ModelNotFound as e:
+        raise ConfigError(str(e)) from None
+    if cfg.model.revision != commit:
+        cfg = copy.deepcopy(cfg)
+        cfg.model.revision = commit
+    say(f"atgrpo: model {cfg.model.path} at commit {commit} ({path})")
+    return cfg

@@ -60,10 +60,13 @@ def local_backend(cfg: Config) -> LocalBackend:
 
 
 def check_model_path(cfg: Config) -> None:
-    """A missing local model is named before any work starts."""
-    if cfg.model.kind == "hf" and cfg.model.path and not os.path.exists(os.path.expanduser(cfg.model.path)):
-        raise ConfigError(f"model.path={cfg.model.path!r} does not exist (model.kind=hf needs a local Hugging Face "
-                          f"model directory; nothing is downloaded)")
+    """A missing local model is named before any work starts (a hub id is resolved by ``run_settings.pin_model``)."""
+    from ..policies.hub import looks_like_hub_id
+
+    path = cfg.model.path
+    if cfg.model.kind == "hf" and path and not os.path.exists(os.path.expanduser(path)) and not looks_like_hub_id(path):
+        raise ConfigError(f"model.path={path!r} does not exist (model.kind=hf needs a local Hugging Face model "
+                          f"directory or a hub id org/name)")
 
 
 def build_state_checked(cfg: Config) -> TrainState:
