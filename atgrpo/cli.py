@@ -105,6 +105,18 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from .preflight import check
+
+    path, overrides = _split_args(args.items)
+    found = check(path, overrides, args.out)
+    for f in found:
+        print(f.line(), flush=True)
+    failed = [f for f in found if f.level == "FAIL"]
+    print(f"{len(failed)} problem(s): the run cannot start" if failed else "the run can start")
+    return 2 if failed else 0
+
+
 def cmd_plan_memory(args) -> int:
     from . import plan_memory as pm
     from .config.checks import validate_env
@@ -270,6 +282,12 @@ def _main(argv: list[str], debug: bool) -> int:
     p.add_argument("--out", help="--benchmarks: output directory (default RUN_DIR/eval, or eval_out/ for a config)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("check", help="everything a run needs (config, model, tokenizer, prompts, sandbox, engine, "
+                                     "Ray, device and memory, output directory), checked in seconds: exit 0 when it "
+                                     "can start, 2 with every problem listed")
+    p.add_argument("items", nargs="*", help="[CONFIG.yaml] [dotted.key=value ...]")
+    p.add_argument("--out", help="the run directory the run would write (default: under runs/)")
+    p.set_defaults(func=cmd_check)
     p = sub.add_parser("plan-memory", help="memory per model (weights, grads, optimizer, activations, KV cache) "
                                            "and the GPUs a config needs, from its model's shape alone")
     p.add_argument("items", nargs="*", help="[CONFIG.yaml] [dotted.key=value ...]")

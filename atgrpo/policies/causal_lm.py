@@ -71,6 +71,17 @@ class CausalLMPolicy:
         self.cuda_graphs = True  # on CUDA, replay the native decoding step as captured graphs (engine/graphs.py)
 
     # ---- prompts --------------------------------------------------------------------------------------
+    @classmethod
+    def renderer(cls, policy_id: str, tokenizer, max_prompt_tokens: int, **attrs):
+        """A policy of this class without a model: ``render`` and ``encode`` only, as the run's policy renders
+        and tokenises prompts (``atgrpo check``, before any weights are loaded). ``attrs``: the class's own
+        settings (``HFPolicy``: ``chat_template_kwargs``)."""
+        policy = cls.__new__(cls)
+        policy.policy_id, policy.tokenizer, policy.max_prompt_tokens = policy_id, tokenizer, max_prompt_tokens
+        policy.prompt_prefix_ids = list(getattr(tokenizer, "prompt_prefix_ids", ()))
+        policy.__dict__.update(attrs)
+        return policy
+
     def render(self, prompt: str | list[dict[str, str]]) -> str:
         """Prompt text: compact prompts as they are; chat messages through the tokenizer's chat template."""
         if isinstance(prompt, str):
