@@ -69,10 +69,10 @@ def settings_from_config(cfg, roles: int, prompt_tokens: int | None = None, new_
     from .hardware import resolve_precision  # model.precision=auto: as the run would resolve it on this machine
 
     autocast = getattr(cfg.model, "autocast", "none")
-    copy = (resolve_precision(cfg.model, cfg.system.backend)[0] == "bfloat16" and cfg.model.dtype == "float32"
-            and cfg.system.backend == "local")  # the local backend's copies (trainer/backend.py)
-    if copy:
+    bf16 = resolve_precision(cfg.model, cfg.system.backend)[0] == "bfloat16" and cfg.model.dtype == "float32"
+    if bf16:  # float32 master weights under bfloat16 autocast (policies/precision.py)
         autocast = "bfloat16"
+    copy = bf16 and cfg.system.backend == "local"  # the local backend's rollout copies (trainer/backend.py)
     device = str(cfg.model.device).split(":")[0]
     return RunSettings(
         sharing=cfg.policy.sharing, roles=roles, dtype=cfg.model.dtype,
