@@ -69,3 +69,20 @@ def test_programs_without_isolation_fail_unless_unconfined(tmp_path, monkeypatch
 def test_an_unreachable_ray_cluster_fails(tmp_path):
     found = preflight.check(None, ["system.backend=ray", "system.ray.address=ray://127.0.0.1:1"], str(tmp_path / "r"))
     assert _levels(found)["ray"] == ["ok", "FAIL"]
+
+
+def test_vllm_missing_is_named_and_the_same_config_can_start_without_it(tmp_path, capsys):
+    """``rollout.engine=vllm`` whose Python has no vLLM: exit 2 naming vLLM; the same config with the native
+    engine: exit 0 (the real SmolLM2 math config)."""
+    import sys
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this interpreter has vLLM")
+    import os
+
+    out = str(tmp_path / "run")
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "real",
+                          "math_mas_L1.yaml")
+    assert main(["check", config, "rollout.engine=vllm", f"rollout.vllm.python={sys.executable}", "--out", out]) == 2
+    assert "vllm" in capsys.readouterr().out.lower()
+    assert main(["check", config, "--out", out]) == 0

@@ -14,7 +14,7 @@ from atgrpo.cli import main
 from atgrpo.config import ConfigError, load_config
 from atgrpo.policies import hub
 from atgrpo.trainer.run_settings import pin_model
-from hf_dirs import hf_overrides, write_tiny_hf_dir
+from hf_dirs import hf_overrides, needs_smollm2, write_tiny_hf_dir
 
 REPO, COMMIT = "atgrpo-test/tiny-chat", "0123456789abcdef0123456789abcdef01234567"
 
@@ -83,3 +83,29 @@ def test_revision_goes_with_a_hub_id_only(tmp_path):
     assert not hub.looks_like_hub_id(local) and not hub.looks_like_hub_id("./a/b")
     with pytest.raises(ConfigError, match="model.revision"):
         load_config(None, hf_overrides(local, "model.revision=main"))
+
+
+@needs_smollm2
+def test_smollm2_trains_a_step_offline_through_its_hub_id(hf_home, tmp_path, monkeypatch):
+    """The shipped SmolLM2 files laid out as the Hugging Face cache holds ``HuggingFaceTB/SmolLM2-135M-Instruct``
+    (its converted directory, linked file by file): one step of math through the hub id, offline."""
+    from atgrpo.config import ModelConfig
+    from atgrpo.policies.hf import resolve_model_dir
+
+    converted = resolve_model_dir(ModelConfig(kind="hf", preset="smollm2-135m"))  # converted once, then cached
+    repo = os.path.join(str(hf_home), "hub", "models--HuggingFaceTB--SmolLM2-135M-Instruct")
+    snap = os.path.join(repo, "snapshots", COMMIT)
+    os.makedirs(snap)
+    for name in os.listdir(converted):
+        os.symlink(os.path.join(converted, name), os.path.join(snap, name))
+    os.makedirs(os.path.join(repo, "refs"))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write(COMMIT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    args = ["model.kind=hf", "model.path=HuggingFaceTB/SmolLM2-135M-Instruct", "env.name=math", "env.style=chat",
+            "train.steps=1", "rollout.K=2", "rollout.problems_per_step=2", "rollout.max_new_tokens=8",
+            "eval.problems=1", "warmstart.enabled=false", "model.precision=float32", "train.tensorboard=false",
+            "train.plot=false"]
+    assert main(["train", *args, "--out", str(out), "--quiet"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["model"]["revision"] == COMMIT
