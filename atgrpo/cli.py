@@ -55,8 +55,14 @@ def cmd_train(args) -> int:
         print(f"atgrpo: error: run directory {out!r} is a file, not a directory; choose another --out",
               file=sys.stderr)
         return EXIT_INPUT
+    from .preflight import train_blockers
     from .trainer.run import CheckpointWriteError, NonFiniteError, RecoveryExhausted, TrainingInterrupted, train
 
+    blockers = train_blockers(cfg, out)  # what `atgrpo check` finds that the run would stop on later
+    if blockers:
+        for f in blockers:
+            print(f"atgrpo: error: {f.area}: {f.text}", file=sys.stderr)
+        return EXIT_INPUT
     try:
         summary = train(cfg, out, progress=not args.quiet, resume=bool(args.resume))
     except TrainingInterrupted as e:

@@ -286,5 +286,29 @@ def _output(cfg: Config, out: str | None, model_dir: str | None) -> list[Finding
     each = sum(p.weights + p.optimizer for p in models)
     need = each * (cfg.train.keep_checkpoints + 1) if cfg.train.checkpoint_every else each
     level = "ok" if need <= free else "FAIL"
-    return [Finding(level, "output", f"{target} writable; checkpoints need about {need / GIB:.2f} GiB "
-                                     f"({cfg.train.keep_checkpoints} kept + final), {free / GIB:.1f} GiB free")]
+    return [Finding("ok", "output", f"{target} writable"),
+            Finding(level, "disk", f"checkpoints need about {need / GIB:.2f} GiB ({cfg.train.keep_checkpoints} kept "
+                                   f"+ final), {free / GIB:.1f} GiB free")]
+
+
+# what ``atgrpo train`` stops on before any work: definite problems the run would otherwise meet later (the
+# config, the model and the run directory it checks itself; a plan at maximum lengths is not definite)
+TRAIN_AREAS = ("prompts", "sandbox", "ray", "disk")
+
+
+def train_blockers(cfg: Config, out: str) -> list[Finding]:
+    """The failed findings among ``TRAIN_AREAS`` for a run of ``cfg`` into ``out`` (checks that could not run
+    are left to the run)."""
+    model_dir = None
+    if cfg.model.kind == "hf" and cfg.model.preset:
+        from .policies import hf
+
+        cached = os.path.join(hf.cache_root(), cfg.model.preset)
+        model_dir = cached if os.path.isfile(os.path.join(cached, hf.SOURCE_FILE)) else None
+    elif cfg.model.kind == "hf" and cfg.model.path and os.path.isdir(os.path.expanduser(cfg.model.path)):
+        model_dir = os.path.expanduser(cfg.model.path)
+    found: list[Finding] = []
+    for fn in (lambda: _prompts(cfg, model_dir), lambda: _sandbox(cfg), lambda: _ray(cfg),
+               lambda: _output(cfg, out, model_dir)):
+        found += _guarded(fn)
+    return [f for f in found if f.level == "FAIL" and f.area in TRAIN_AREAS]

@@ -22,7 +22,7 @@ def test_the_default_run_can_start(tmp_path, capsys):
     assert main(["check", "--out", str(tmp_path / "run")]) == 0
     lines = capsys.readouterr().out.splitlines()
     areas = {ln.split(":")[0].split()[-1] for ln in lines if ln.startswith("ok")}
-    assert {"config", "model", "env", "prompts", "sandbox", "engine", "device", "memory", "output"} <= areas
+    assert {"config", "model", "env", "prompts", "sandbox", "engine", "device", "memory", "output", "disk"} <= areas
     assert lines[-1] == "the run can start" and not any(ln.startswith("FAIL") for ln in lines)
     assert not (tmp_path / "run").exists()  # nothing written
 
@@ -36,6 +36,19 @@ def test_every_problem_is_listed_at_once(tmp_path, capsys):
     fails = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
     assert any("prompts: tool:" in ln and "max_prompt_tokens=40" in ln for ln in fails), fails
     assert any("output:" in ln and "afile" in ln for ln in fails), fails
+
+
+def test_train_stops_before_any_work_on_what_check_finds(tmp_path, monkeypatch, capsys):
+    """``atgrpo train`` runs the definite checks first: programs that nothing here can isolate, prompts longer
+    than the model takes; each is one line, exit 2, nothing written."""
+    import atgrpo.sandbox as sandbox
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: Isolation("none", False, True, "no namespaces here"))
+    out = tmp_path / "run"
+    assert main(["train", "env.kwargs.tool_mode=code", "model.max_prompt_tokens=40", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert any(ln.startswith("atgrpo: error: sandbox: cannot isolate here") for ln in err), err
+    assert sum(ln.startswith("atgrpo: error: prompts:") for ln in err) == 2 and not out.exists()
 
 
 def test_a_bad_config_is_the_one_finding(capsys):
