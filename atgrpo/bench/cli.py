@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("rollout", "update", "step", "all", "learning", "teams", "experts", "real-table")
+BENCHES = ("rollout", "update", "step", "all", "learning", "teams", "experts", "real-table", "scale")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-step", action="store_true", help="--engine: also time one atgrpo train step per engine")
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
-    p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps)")
+    p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps); "
+                   "scale: three points on K, two on the others, one repetition after a warm-up")
+    p.add_argument("--axes", help="scale: comma-separated subset of K,prompt,problems (default: all)")
     p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku,math; experts: of "
                    "the three games; real-table: of math,plan_path,sokoban,sudoku,code")
     p.add_argument("--rows", help="real-table: comma-separated subset of single,single_grpo,mas,mas_L1,mas_L3 (a "
@@ -107,6 +109,20 @@ def run(args) -> int:
         with open(f"{out}/results.md") as f:
             print(f.read())
         return 1 if result["failed"] else 0
+    if args.which == "scale":
+        from .scale import PRESETS as SCALE_PRESETS, bench_scale
+
+        if args.preset not in SCALE_PRESETS:
+            raise SystemExit(f"atgrpo bench scale: --preset {args.preset} has no scale shape; choose one of "
+                             f"{', '.join(SCALE_PRESETS)}")
+        out = args.out if args.out != "bench_out" else "bench_out/scale"
+        bench_scale(out, args.preset, args.quick, args.axes.split(",") if args.axes else None, args.threads,
+                    command=" ".join(["atgrpo bench scale --preset", args.preset] + (["--quick"] if args.quick else [])
+                                     + (["--axes", args.axes] if args.axes else [])
+                                     + (["--threads", str(args.threads)] if args.threads else [])))
+        with open(f"{out}/scale.md") as f:
+            print(f.read())
+        return 0
     if args.which == "rollout" and args.engine:
         return _run_engines(args)
     import torch
