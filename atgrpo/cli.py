@@ -134,7 +134,7 @@ def cmd_plan_memory(args) -> int:
     path, overrides = _split_args(args.items)
     cfg = read_config(path, overrides)  # a plan for a GPU machine may be made on a laptop: no device checks
     check_fields(cfg)
-    shape = _plan_shape(cfg, args.model, args.model_config)
+    shape = pm.plan_shape(cfg, args.model, args.model_config)
     roles = validate_env(cfg)  # the environment fits its kwargs; the policies the run builds (route_agents)
     settings = pm.settings_from_config(cfg, roles, args.prompt_tokens, args.new_tokens)
     try:
@@ -145,33 +145,6 @@ def cmd_plan_memory(args) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     return 0
-
-
-def _plan_shape(cfg, model: str | None, model_config: str | None):
-    """The model shape to plan for: --model (built-in table), --model-config, model.tiny.*, or the config.json of
-    the configured model directory (never the weights)."""
-    from . import plan_memory as pm
-
-    if model:
-        if model not in pm.BUILTIN_SHAPES:
-            raise ConfigError(f"--model {model!r} is not known; choose one of: {', '.join(pm.BUILTIN_SHAPES)}")
-        return pm.BUILTIN_SHAPES[model]
-    if model_config is None and cfg.model.kind == "tiny":
-        from .policies.tokenizer import VOCAB_SIZE
-
-        t = cfg.model.tiny
-        return pm.tiny_shape(t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, VOCAB_SIZE)
-    if model_config is None:
-        from .policies.hf import cache_root
-
-        model_config = (os.path.join(cache_root(), cfg.model.preset) if cfg.model.preset
-                        else os.path.expanduser(cfg.model.path or ""))
-    f = os.path.join(model_config, "config.json") if os.path.isdir(model_config) else model_config
-    if not os.path.isfile(f):
-        raise ConfigError(f"no config.json at {f!r} to plan with (a preset's is written by its first load, "
-                          f"e.g. atgrpo eval CONFIG eval.problems=1); give --model-config PATH or --model "
-                          f"{' | '.join(pm.BUILTIN_SHAPES)}")
-    return pm.read_hf_config(f)
 
 
 def cmd_report(args) -> int:

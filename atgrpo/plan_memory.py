@@ -18,6 +18,7 @@ update sets the gradients to None when it ends (``trainer/update.py``), while we
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, read_hf_config,
@@ -27,7 +28,7 @@ from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, 
 __all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "HEAD_CHUNK_BYTES", "MicroBatch", "ModelPlan",
            "ModelShape", "RUNTIME_GB", "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes",
            "budget_fill", "fit_gpus", "format_plan", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
-           "logits_bytes", "lora_params", "micro_batch", "num_params", "plan", "read_hf_config",
+           "logits_bytes", "lora_params", "micro_batch", "num_params", "plan", "plan_shape", "read_hf_config",
            "response_attention_bytes", "runtime_bytes", "sampler_bytes", "sampling_bytes",
            "settings_from_config", "shape_from_hf_config", "tiny_shape"]
 
@@ -375,6 +376,34 @@ def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     ok = n is not None and update <= gpu_bytes
     return GpuFit(local, local <= gpu_bytes, pools, n, fixed + math.ceil(rollout / (n or 1)), update,
                   pools * (n + shards) if ok else None, shards)
+
+
+# ---- the shape of a config's model -------------------------------------------------------------------------
+def plan_shape(cfg, model: str | None = None, model_config: str | None = None) -> ModelShape:
+    """The model shape to plan for: --model (built-in table), --model-config, model.tiny.*, or the config.json of
+    the configured model directory (never the weights)."""
+    from .config.schema import ConfigError
+
+    if model:
+        if model not in BUILTIN_SHAPES:
+            raise ConfigError(f"--model {model!r} is not known; choose one of: {', '.join(BUILTIN_SHAPES)}")
+        return BUILTIN_SHAPES[model]
+    if model_config is None and cfg.model.kind == "tiny":
+        from .policies.tokenizer import VOCAB_SIZE
+
+        t = cfg.model.tiny
+        return tiny_shape(t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, VOCAB_SIZE)
+    if model_config is None:
+        from .policies.hub import cache_root
+
+        model_config = (os.path.join(cache_root(), cfg.model.preset) if cfg.model.preset
+                        else os.path.expanduser(cfg.model.path or ""))
+    f = os.path.join(model_config, "config.json") if os.path.isdir(model_config) else model_config
+    if not os.path.isfile(f):
+        raise ConfigError(f"no config.json at {f!r} to plan with (a preset's is written by its first load, "
+                          f"e.g. atgrpo eval CONFIG eval.problems=1); give --model-config PATH or --model "
+                          f"{' | '.join(BUILTIN_SHAPES)}")
+    return read_hf_config(f)
 
 
 # ---- the report -------------------------------------------------------------------------------------------------

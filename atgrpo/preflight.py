@@ -247,12 +247,11 @@ def _device(cfg: Config, model_dir: str | None) -> list[Finding]:
 
 def _plan(cfg: Config, model_dir: str | None):
     from . import plan_memory as pm
-    from .cli import _plan_shape
     from .config.checks import validate_env
 
     if cfg.model.kind == "hf" and model_dir is None:
         return None
-    shape = _plan_shape(cfg, None, os.path.join(model_dir, "config.json") if model_dir else None)
+    shape = pm.plan_shape(cfg, None, os.path.join(model_dir, "config.json") if model_dir else None)
     return shape, pm.settings_from_config(cfg, validate_env(cfg))
 
 

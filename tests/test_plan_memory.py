@@ -206,12 +206,11 @@ def test_plan_within_20_percent_of_the_measured_peak(config):
                        text=True, timeout=1800, env=env)
     assert r.returncode == 0, r.stderr
     measured = json.loads(r.stdout.splitlines()[-1])
-    from atgrpo.cli import _plan_shape
     from atgrpo.config import load_config
 
     cfg = load_config(config[0] if config else None, overrides)
     r_ = pm.settings_from_config(cfg, 1, measured["prompt_tokens_max"], measured["response_tokens_max"])
-    (planned,) = pm.plan(_plan_shape(cfg, None, None), r_)
+    (planned,) = pm.plan(pm.plan_shape(cfg), r_)
     ratio = planned.peak / (measured["peak_growth_mib"] * 2**20)
     assert 0.8 <= ratio <= 1.2, (planned, measured)
 

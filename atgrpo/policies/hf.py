@@ -27,9 +27,8 @@ import torch
 
 from . import hub
 from .causal_lm import CausalLMPolicy
-from .hub import ModelNotFound
+from .hub import ModelNotFound, cache_root
 
-CACHE_ENV = "ATGRPO_CACHE_DIR"  # where converted GGUF models are cached (default ~/.cache/atgrpo)
 SOURCE_FILE = "atgrpo_source.json"  # written last into a cache directory: the conversion is complete
 
 
@@ -76,13 +75,6 @@ class HFPolicy(CausalLMPolicy):
 
 
 # ---- where the files are ------------------------------------------------------------------------------------
-def cache_root() -> str:
-    if os.environ.get(CACHE_ENV):
-        return os.path.expanduser(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "atgrpo")
-
-
 def model_source_error(path: str | None, gguf_file: str | None = None) -> str | None:
     """Why ``path`` (+ ``gguf_file``) cannot be loaded here, or None. Pure file checks: safe in config
     validation."""

@@ -15,6 +15,17 @@ from __future__ import annotations
 
 import os
 
+CACHE_ENV = "ATGRPO_CACHE_DIR"  # where atgrpo's converted GGUF models are cached (default ~/.cache/atgrpo)
+
+
+def cache_root() -> str:
+    """atgrpo's own cache (presets and GGUF files converted to transformers directories; ``policies/hf.py``)."""
+    if os.environ.get(CACHE_ENV):
+        return os.path.expanduser(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "atgrpo")
+
+
 # what a run loads: the model's and tokenizer's configs and files, the weights as safetensors (no .bin, no GGUF)
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.tiktoken", "*.jinja", "vocab.*", "merges.*"]
 _TRUE = ("1", "true", "yes", "on")
