@@ -111,9 +111,9 @@ def bench_scale(out_dir: str, preset: str = "tiny", quick: bool = False, axes: l
     axes = axes or list(points)
     policy = make_policy(base)
     hook = suppress_eos(policy.model, policy.eos_id)
+    base_shape = {"K": base.K, "prompt": base.prompt_len[0], "problems": base.prompts, "new_tokens": base.new_tokens}
     result: dict = {"bench": "scale", "preset": preset, "quick": quick, "machine": machine(), "command": command,
-                    "shape": shape_dict(base), "base": {"K": base.K, "prompt": base.prompt_len[0], "problems": base.prompts,
-                             "new_tokens": base.new_tokens}, "axes": {}}
+                    "shape": shape_dict(base), "base": base_shape, "axes": {}}
     try:
         for axis in axes:
             rows = []
