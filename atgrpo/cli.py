@@ -128,6 +128,7 @@ def cmd_plan_memory(args) -> int:
     from .config.checks import validate_env
     from .config.loading import read_config
     from .config.schema import check_fields
+    from .plan_report import format_plan
 
     if args.gpu_gb <= 0 or any(n is not None and n < 1 for n in (args.prompt_tokens, args.new_tokens)):
         raise ConfigError("--gpu-gb must be > 0, --prompt-tokens and --new-tokens >= 1")
@@ -138,7 +139,7 @@ def cmd_plan_memory(args) -> int:
     roles = validate_env(cfg)  # the environment fits its kwargs; the policies the run builds (route_agents)
     settings = pm.settings_from_config(cfg, roles, args.prompt_tokens, args.new_tokens)
     try:
-        print(pm.format_plan(shape, settings, args.gpu_gb))
+        print(format_plan(shape, settings, args.gpu_gb))
         if cfg.rollout.engine == "vllm":
             print("rollout.engine=vllm: the rollout's KV cache is vLLM's, in its own process "
                   "(rollout.vllm.gpu_memory_utilization of the GPU), not the kv_cache and sampling above")

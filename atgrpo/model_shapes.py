@@ -85,3 +85,30 @@ def lora_params(s: ModelShape, rank: int, target_modules="all-linear") -> int:
     if unknown:
         raise ValueError(f"policy.lora.target_modules: cannot plan for {unknown}; known: {', '.join(LINEARS)}")
     return s.layers * sum(rank * (i + o) for name, (i, o) in linear_shapes(s).items() if name in targets)
+
+
+def plan_shape(cfg, model: str | None = None, model_config: str | None = None) -> ModelShape:
+    """The model shape to plan for: --model (built-in table), --model-config, model.tiny.*, or the config.json of
+    the configured model directory (never the weights)."""
+    from .config.schema import ConfigError
+
+    if model:
+        if model not in BUILTIN_SHAPES:
+            raise ConfigError(f"--model {model!r} is not known; choose one of: {', '.join(BUILTIN_SHAPES)}")
+        return BUILTIN_SHAPES[model]
+    if model_config is None and cfg.model.kind == "tiny":
+        from .policies.tokenizer import VOCAB_SIZE
+
+        t = cfg.model.tiny
+        return tiny_shape(t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, VOCAB_SIZE)
+    if model_config is None:
+        from .policies.hub import cache_root
+
+        model_config = (os.path.join(cache_root(), cfg.model.preset) if cfg.model.preset
+                        else os.path.expanduser(cfg.model.path or ""))
+    f = os.path.join(model_config, "config.json") if os.path.isdir(model_config) else model_config
+    if not os.path.isfile(f):
+        raise ConfigError(f"no config.json at {f!r} to plan with (a preset's is written by its first load, "
+                          f"e.g. atgrpo eval CONFIG eval.problems=1); give --model-config PATH or --model "
+                          f"{' | '.join(BUILTIN_SHAPES)}")
+    return read_hf_config(f)

@@ -2,7 +2,7 @@
 
 Pure functions of a model's shape (``model_shapes.ModelShape``: read from a ``config.json``, from
 ``model.tiny.*`` or from the built-in table) and the run's settings (``RunSettings``); nothing is loaded or allocated. ``atgrpo
-plan-memory`` (``cli.py``) prints the result. Every term counts what *this* code materialises, and its
+plan-memory`` (``cli.py``) prints the result (``plan_report.py``). Every term counts what *this* code materialises, and its
 docstring says why; the planner was checked against measured peaks on the CPU (docs/models.md, "Memory
 planning").
 
@@ -18,16 +18,15 @@ update sets the gradients to None when it ends (``trainer/update.py``), while we
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, read_hf_config,
+from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, plan_shape, read_hf_config,
                            shape_from_hf_config, tiny_shape)
 
 # the shapes' part of the planner (``model_shapes``) is re-exported: ``plan_memory`` is the one entry point
 __all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "HEAD_CHUNK_BYTES", "MicroBatch", "ModelPlan",
            "ModelShape", "RUNTIME_GB", "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes",
-           "budget_fill", "fit_gpus", "format_plan", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
+           "budget_fill", "fit_gpus", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
            "logits_bytes", "lora_params", "micro_batch", "num_params", "plan", "plan_shape", "read_hf_config",
            "response_attention_bytes", "runtime_bytes", "sampler_bytes", "sampling_bytes",
            "settings_from_config", "shape_from_hf_config", "tiny_shape"]
@@ -376,84 +375,3 @@ def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     ok = n is not None and update <= gpu_bytes
     return GpuFit(local, local <= gpu_bytes, pools, n, fixed + math.ceil(rollout / (n or 1)), update,
                   pools * (n + shards) if ok else None, shards)
-
-
-# ---- the shape of a config's model -------------------------------------------------------------------------
-def plan_shape(cfg, model: str | None = None, model_config: str | None = None) -> ModelShape:
-    """The model shape to plan for: --model (built-in table), --model-config, model.tiny.*, or the config.json of
-    the configured model directory (never the weights)."""
-    from .config.schema import ConfigError
-
-    if model:
-        if model not in BUILTIN_SHAPES:
-            raise ConfigError(f"--model {model!r} is not known; choose one of: {', '.join(BUILTIN_SHAPES)}")
-        return BUILTIN_SHAPES[model]
-    if model_config is None and cfg.model.kind == "tiny":
-        from .policies.tokenizer import VOCAB_SIZE
-
-        t = cfg.model.tiny
-        return tiny_shape(t.hidden_size, t.num_layers, t.num_heads, t.intermediate_size, VOCAB_SIZE)
-    if model_config is None:
-        from .policies.hub import cache_root
-
-        model_config = (os.path.join(cache_root(), cfg.model.preset) if cfg.model.preset
-                        else os.path.expanduser(cfg.model.path or ""))
-    f = os.path.join(model_config, "config.json") if os.path.isdir(model_config) else model_config
-    if not os.path.isfile(f):
-        raise ConfigError(f"no config.json at {f!r} to plan with (a preset's is written by its first load, "
-                          f"e.g. atgrpo eval CONFIG eval.problems=1); give --model-config PATH or --model "
-                          f"{' | '.join(BUILTIN_SHAPES)}")
-    return read_hf_config(f)
-
-
-# ---- the report -------------------------------------------------------------------------------------------------
-def _gib(n: int) -> str:
-    return f"{n / GIB:.2f}"
-
-
-def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
-    """The table ``atgrpo plan-memory`` prints: the settings, one row per model (GiB), the dominant term, and the
-    GPUs of ``gpu_gb`` GiB the run needs."""
-    plans, mb = plan(s, r), micro_batch(r)
-    on_gpu = replace(r, device="cuda")  # the GPU counts hold the CUDA runtime term whatever model.device says
-    fit = fit_gpus(plan(s, on_gpu), on_gpu, int(gpu_gb * GIB))
-    how = "shared prefix" if r.shared_prefix else "one sequence per sample"
-    lines = [f"{s.name or 'model'}: {num_params(s) / 1e6:,.1f}M parameters, {r.sharing} ({r.roles} "
-             f"{'policy' if r.roles == 1 else 'policies'}), "
-             f"{r.dtype}{f' (autocast {r.compute_dtype})' if r.compute_dtype else ''} on {r.device}, K={r.K}, {r.problems} problems per step, prompt {r.prompt_tokens} + {r.new_tokens} new "
-             f"tokens",
-             f"largest update micro-batch ({how}{', gradient checkpointing' if r.gradient_checkpointing else ''}): "
-             f"{mb.groups} prompts, {mb.rows} responses, {mb.tokens:,} tokens, logits at {mb.logit_rows:,} positions",
-             "",
-             f"{'model':<20} {'params':>9} {'trainable':>10} {'weights':>8} {'sampler':>8} {'grads':>8} "
-             f"{'optimizer':>9} {'activ.':>8} {'kv_cache':>8} {'sampling':>8} {'runtime':>8} {'peak':>8}  "
-             f"GPUs of {gpu_gb:g} GiB"]
-    for p in plans:
-        lines.append(f"{p.name:<20} {p.params / 1e6:>8.1f}M {p.trainable / 1e6:>9.2f}M {_gib(p.weights):>8} "
-                     f"{_gib(p.sampler):>8} {_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} "
-                     f"{_gib(p.kv_cache):>8} {_gib(p.sampling):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
-                     f"{math.ceil(p.peak / (gpu_gb * GIB))}")
-    lines += ["(GiB; peak = weights + sampler + optimizer + max(grads + activations, kv_cache + sampling) + runtime"
-              + (" + the KL reference's copies" if r.kl_reference else "")
-              + "; sampler: the rollout's bfloat16 copy and the CPU engine's prepacked weights)", ""]
-    if r.kl_reference:
-        lines += [f"KL reference (algo.kl_coef > 0) of {p.name}: {_gib(p.reference)} GiB" for p in plans]
-    for p in plans:
-        lines.append(f"dominant term of {p.name}: {p.dominant()}")
-    lines.append(f"one GPU of {gpu_gb:g} GiB (local backend, model.device=cuda): needs {_gib(fit.local_bytes)} GiB: "
-                 + ("fits: 1 GPU" if fit.local_fits else "does not fit"))
-    ray = "several GPUs (system.backend=ray system.ray.gpus_per_worker=1"
-    if fit.ray_gpus is None:
-        ray += (f"): a worker does not fit one GPU (update worker {_gib(fit.update_worker_bytes)} GiB, rollout "
-                f"worker {_gib(fit.rollout_worker_bytes)} GiB): lower algo.update_token_budget or "
-                "rollout.problems_per_step, use L2 or bfloat16, or model.gradient_checkpointing=true, or larger GPUs")
-    else:
-        sharded = (f" system.ray.num_update_workers={fit.update_workers} system.ray.update_sharding=fsdp"
-                   if fit.update_workers > 1 else "")
-        ray += (f" system.ray.num_rollout_workers={fit.rollout_workers}{sharded}): {fit.ray_gpus} GPUs: per policy "
-                f"pool (x{fit.pools}) {fit.rollout_workers} rollout worker{'s' if fit.rollout_workers > 1 else ''} "
-                f"of {_gib(fit.rollout_worker_bytes)} GiB + {fit.update_workers} update worker"
-                f"{'s (FSDP ranks)' if fit.update_workers > 1 else ''} of {_gib(fit.update_worker_bytes)} GiB"
-                + (" each" if fit.update_workers > 1 else ""))
-    lines.append(ray)
-    return "\n".join(lines)
