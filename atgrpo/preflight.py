@@ -50,11 +50,22 @@ def check(config: str | None, overrides: list[str], out: str | None = None) -> l
     found = [Finding("ok", "config", f"{config or 'the built-in default'}: env {cfg.env.name} ({cfg.env.style}), "
                                      f"{cfg.policy.sharing}, model {cfg.model.kind}")]
     model_dir: list[str | None] = [None]
-    for fn in (lambda: _model(cfg, model_dir), lambda: _prompts(cfg, model_dir[0]), lambda: _sandbox(cfg),
-               lambda: _engine(cfg), lambda: _ray(cfg), lambda: _device(cfg, model_dir[0]),
-               lambda: _output(cfg, out, model_dir[0])):
+    found += _guarded(lambda: _model(cfg, model_dir))
+    plan = _guarded_value(lambda: _plan(cfg, model_dir[0]))
+    env, built = _env(cfg)
+    found += built
+    for fn in (lambda: _prompts(cfg, env, model_dir[0]), lambda: _sandbox(cfg, env), lambda: _engine(cfg),
+               lambda: _ray(cfg), lambda: _device(cfg, plan), lambda: _output(cfg, out, plan)):
         found += _guarded(fn)
     return found
+
+
+def _guarded_value(fn):
+    """``fn()``, or None where it raised (the checks that use the value then skip what needs it)."""
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - a plan that cannot be made is not a finding of its own
+        return None
 
 
 def _guarded(fn: Callable[[], list[Finding]]) -> list[Finding]:
@@ -81,7 +92,7 @@ def _model(cfg: Config, model_dir: list) -> list[Finding]:
                                          f"minute); the prompt lengths are checked after that")]
     if hub.looks_like_hub_id(m.path):
         try:
-            path, commit = _cached_snapshot(m.path, m.revision)
+            path, commit = hub.resolve(m.path, m.revision, local_only=True)
         except hub.ModelNotFound as e:
             if hub.offline():
                 return [Finding("FAIL", "model", str(e))]
@@ -91,21 +102,6 @@ def _model(cfg: Config, model_dir: list) -> list[Finding]:
         return [Finding("ok", "model", f"{m.path} at commit {commit} in the Hugging Face cache ({path})")]
     model_dir[0] = os.path.expanduser(m.path)
     return [Finding("ok", "model", f"local directory {model_dir[0]}")]
-
-
-def _cached_snapshot(repo: str, revision: str | None) -> tuple[str, str]:
-    """``hub.resolve`` without a download, whatever ``HF_HUB_OFFLINE`` says."""
-    from .policies import hub
-
-    saved = os.environ.get("HF_HUB_OFFLINE")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        return hub.resolve(repo, revision)
-    finally:
-        if saved is None:
-            os.environ.pop("HF_HUB_OFFLINE", None)
-        else:
-            os.environ["HF_HUB_OFFLINE"] = saved
 
 
 def _renderer(cfg: Config, model_dir: str | None):
@@ -128,13 +124,22 @@ def _renderer(cfg: Config, model_dir: str | None):
                              chat_template_kwargs={"enable_thinking": bool(cfg.model.enable_thinking)})
 
 
-def _prompts(cfg: Config, model_dir: str | None) -> list[Finding]:
+def _env(cfg: Config) -> tuple[object | None, list[Finding]]:
+    """One training problem's environment, built and reset as the run builds it, and the finding."""
     from .trainer.setup import env_factory
 
-    env = env_factory(cfg)("train", 0)
-    found = [Finding("ok", "env", f"{cfg.env.name} builds and resets; agents {', '.join(env.agents)}")]
-    policy = _renderer(cfg, model_dir)
-    if policy is None:
+    try:
+        env = env_factory(cfg)("train", 0)
+    except Exception as e:  # noqa: BLE001 - reported as a finding
+        return None, [Finding("FAIL", "env", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")]
+    return env, [Finding("ok", "env", f"{cfg.env.name} builds and resets; agents {', '.join(env.agents)}")]
+
+
+def _prompts(cfg: Config, env, model_dir: str | None) -> list[Finding]:
+    """Every role's turn-0 prompt of ``env`` rendered and tokenised as the run's policy does."""
+    found: list[Finding] = []
+    policy = _renderer(cfg, model_dir) if env is not None else None
+    if policy is None:  # no environment (its own finding), or a model not here yet
         return found
     if cfg.env.style == "chat" and not getattr(policy.tokenizer, "chat_template", None):
         found.append(Finding("note", "tokenizer", "no chat template: chat prompts are rendered as plain text"))
@@ -150,19 +155,16 @@ def _prompts(cfg: Config, model_dir: str | None) -> list[Finding]:
     return found
 
 
-def _runs_programs(cfg: Config) -> bool:
+def _runs_programs(env) -> bool:
     """Whether the environment runs the agents' answers as programs (in the sandbox)."""
-    from .trainer.setup import env_factory
-
-    env = env_factory(cfg)("train", 0)
     return getattr(env, "tool_mode", None) == "code" or type(env).__module__.rsplit(".", 1)[-1] in (
         "code", "math_env")
 
 
-def _sandbox(cfg: Config) -> list[Finding]:
+def _sandbox(cfg: Config, env) -> list[Finding]:
     from .sandbox import isolation
 
-    iso, runs = isolation(), _runs_programs(cfg)
+    iso, runs = isolation(), env is not None and _runs_programs(env)
     what = "runs the agents' programs" if runs else "runs no programs"
     if iso.namespaces:
         return [Finding("ok", "sandbox", f"isolates ({iso.mode}, network {'private' if iso.network else 'shared'})"
@@ -212,11 +214,11 @@ def _ray(cfg: Config) -> list[Finding]:
     return found
 
 
-def _device(cfg: Config, model_dir: str | None) -> list[Finding]:
+def _device(cfg: Config, plan) -> list[Finding]:
+    """``plan``: ``_plan``'s (shape, settings), or None."""
     from . import plan_memory as pm
 
     device = str(cfg.model.device)
-    plan = _plan(cfg, model_dir)
     if device.startswith("cuda"):
         import torch
 
@@ -263,7 +265,8 @@ def _mem_available() -> int | None:
         return None
 
 
-def _output(cfg: Config, out: str | None, model_dir: str | None) -> list[Finding]:
+def _output(cfg: Config, out: str | None, plan) -> list[Finding]:
+    """``plan``: ``_plan``'s (shape, settings), or None (then the disk needed is not known)."""
     from . import plan_memory as pm
 
     target = os.path.abspath(out or "runs")
@@ -276,7 +279,6 @@ def _output(cfg: Config, out: str | None, model_dir: str | None) -> list[Finding
     except OSError as e:
         return [Finding("FAIL", "output", f"{target}: cannot write in {probe} ({e.strerror or e})")]
     free = shutil.disk_usage(probe).free
-    plan = _plan(cfg, model_dir)
     if plan is None:
         return [Finding("ok", "output", f"{target} writable, {free / GIB:.1f} GiB free")]
     s, r = plan
@@ -298,16 +300,12 @@ TRAIN_AREAS = ("prompts", "sandbox", "ray", "disk")
 def train_blockers(cfg: Config, out: str) -> list[Finding]:
     """The failed findings among ``TRAIN_AREAS`` for a run of ``cfg`` into ``out`` (checks that could not run
     are left to the run)."""
-    model_dir = None
-    if cfg.model.kind == "hf" and cfg.model.preset:
-        from .policies import hf
-
-        cached = os.path.join(hf.cache_root(), cfg.model.preset)
-        model_dir = cached if os.path.isfile(os.path.join(cached, hf.SOURCE_FILE)) else None
-    elif cfg.model.kind == "hf" and cfg.model.path and os.path.isdir(os.path.expanduser(cfg.model.path)):
-        model_dir = os.path.expanduser(cfg.model.path)
-    found: list[Finding] = []
-    for fn in (lambda: _prompts(cfg, model_dir), lambda: _sandbox(cfg), lambda: _ray(cfg),
-               lambda: _output(cfg, out, model_dir)):
+    holder: list[str | None] = [None]
+    _guarded(lambda: _model(cfg, holder))  # where the model's files are, if they are here already
+    model_dir = holder[0]
+    plan = _guarded_value(lambda: _plan(cfg, model_dir))
+    env, found = _env(cfg)  # a failure to build it is the run's to report, as it reports it now
+    for fn in (lambda: _prompts(cfg, env, model_dir), lambda: _sandbox(cfg, env), lambda: _ray(cfg),
+               lambda: _output(cfg, out, plan)):
         found += _guarded(fn)
     return [f for f in found if f.level == "FAIL" and f.area in TRAIN_AREAS]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import replace
 
 import torch
@@ -88,7 +89,7 @@ def measure(shape: Shape, policy) -> dict[str, dict]:
     }
     times = interleaved(methods, shape.reps, shape.warmup)
     policy.model.zero_grad(set_to_none=True)
-    return {m: {"seconds": sorted(times[m])[len(times[m]) // 2], "peak_rss_mb": peaks.get(m)} for m in methods}
+    return {m: {"seconds": statistics.median(times[m]), "peak_rss_mb": peaks.get(m)} for m in methods}
 
 
 def slope(xs: list[float], ys: list[float]) -> float | None:

@@ -59,18 +59,19 @@ class ModelNotFound(ValueError):
     directory or file); the message says how to get it."""
 
 
-def resolve(repo_id: str, revision: str | None = None) -> tuple[str, str]:
+def resolve(repo_id: str, revision: str | None = None, local_only: bool = False) -> tuple[str, str]:
     """``(snapshot directory, commit)`` of ``repo_id`` at ``revision`` (default ``main``): from the cache, after
-    a download of what is missing unless offline."""
+    a download of what is missing unless offline (or ``local_only``: the cache alone, ``atgrpo check``)."""
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    cache, rev = cache_dir(), revision or "main"
+    cache, rev, cached_only = cache_dir(), revision or "main", local_only or offline()
     try:
         path = huggingface_hub.snapshot_download(repo_id, revision=revision, cache_dir=cache,
-                                                 local_files_only=offline(), allow_patterns=HUB_FILES)
+                                                 local_files_only=cached_only, allow_patterns=HUB_FILES)
     except LocalEntryNotFoundError:
-        why = "HF_HUB_OFFLINE=1 reads the cache only" if offline() else "and it could not be downloaded"
+        why = ("HF_HUB_OFFLINE=1 reads the cache only" if offline() else "only the cache was read" if local_only
+               else "and it could not be downloaded")
         raise ModelNotFound(f"model.path={repo_id!r} (revision {rev}) is not in the Hugging Face cache {cache}: {why}"
                             f"; download it with `huggingface-cli download {repo_id} --revision {rev}` where the "
                             f"machine may, or set HF_HOME / HF_HUB_CACHE to the cache that holds it") from None
