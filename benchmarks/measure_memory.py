@@ -17,20 +17,13 @@ import sys
 import time
 
 
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024.0
-    raise KeyError(field)
-
-
 def main(argv: list[str]) -> dict:
     import torch
 
     from atgrpo.cli import _split_args
     from atgrpo.config import load_config
     from atgrpo.trainer.memory import peak_rss_mib, reset_peak_rss
+    from atgrpo.trainer.metrics import rss_mb
     from atgrpo.trainer.run_settings import set_precision
     from atgrpo.trainer.state import build_state_checked
     from atgrpo.trainer.step import train_step
@@ -38,9 +31,9 @@ def main(argv: list[str]) -> dict:
     path, overrides = _split_args(argv)
     cfg = set_precision(load_config(path, overrides), lambda *a: None)  # model.precision=auto as the run resolves it
     torch.set_num_threads(max(1, cfg.train.threads))
-    before = _status_mib("VmRSS")
+    before = rss_mb()
     state = build_state_checked(cfg)
-    built = _status_mib("VmRSS")
+    built = rss_mb()
     reset_peak_rss()
     t = time.perf_counter()
     result = train_step(state, 0)

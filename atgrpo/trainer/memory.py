@@ -87,18 +87,14 @@ def phase(name: str, peaks: dict[str, float]) -> Iterator[None]:
     value already there), then release the allocator's free memory."""
     global _before_reset_kb
     kb = _hwm_kb()
-    if kb is None:
-        try:
-            yield
-        finally:
-            release_free_memory()
-        return
-    _before_reset_kb = max(_before_reset_kb, kb)
-    _clear()
+    if kb is not None:
+        _before_reset_kb = max(_before_reset_kb, kb)
+        _clear()
     try:
         yield
     finally:
-        kb = _hwm_kb() or 0
-        _before_reset_kb = max(_before_reset_kb, kb)
-        peaks[name] = max(peaks.get(name, 0.0), kb / 1024)
+        if kb is not None:
+            kb = _hwm_kb() or 0
+            _before_reset_kb = max(_before_reset_kb, kb)
+            peaks[name] = max(peaks.get(name, 0.0), kb / 1024)
         release_free_memory()
