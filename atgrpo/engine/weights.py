@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ..policies.cascade import MODEL_TYPES, supports
 
+
 def why_not(model: torch.nn.Module) -> str | None:
     """Why the decoder cannot run ``model`` (None: it can): adapters (LoRA's layers add their own terms to the
     linear layers the decoder reads), or an architecture cascade attention is not exact for
@@ -43,8 +44,6 @@ def why_not(model: torch.nn.Module) -> str | None:
 
 
 EXACT_TOP = 64  # logits per row the copy's head recomputes in float32 (``policies/rollout_copy.py``)
-
-
 EXACT_CHUNK_ROWS = 256  # rows per gather of the exact logits: bounds its (rows, EXACT_TOP, hidden) temporary
 
 
@@ -62,7 +61,6 @@ def exact_top(head: torch.nn.Module, x: torch.Tensor, logits: torch.Tensor) -> t
             exact = exact + head.bias.float()[idx]
         rows.scatter_(-1, idx, exact)
     return logits
-
 
 
 PACK = True  # prepack CPU weights for oneDNN (off: plain F.linear, for comparison)
