@@ -25,10 +25,10 @@ from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, 
 
 # the shapes' part of the planner (``model_shapes``) is re-exported: ``plan_memory`` is the one entry point
 __all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "HEAD_CHUNK_BYTES", "MicroBatch", "ModelPlan",
-           "ModelShape", "RUNTIME_GB", "RunSettings", "act_bytes", "activation_bytes", "autocast_extra_bytes",
-           "budget_fill", "fit_gpus", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements",
+           "ModelShape", "RUNTIME_GB", "RunSettings", "act_bytes", "activation_bytes", "autocast_weight_bytes",
+           "budget_fill", "fit_gpus", "head_chunk_rows", "kv_cache_bytes", "layer_activation_elements", "layer_bytes",
            "logits_bytes", "lora_params", "micro_batch", "num_params", "plan", "plan_shape", "read_hf_config",
-           "response_attention_bytes", "runtime_bytes", "sampler_bytes", "sampling_bytes",
+           "packed_bytes", "response_attention_bytes", "runtime_bytes", "sampler_bytes", "sampling_bytes",
            "settings_from_config", "shape_from_hf_config", "tiny_shape"]
 
 GIB = 1024 ** 3
@@ -129,18 +129,24 @@ def micro_batch(r: RunSettings) -> MicroBatch:
 
 # ---- the terms ----------------------------------------------------------------------------------------------
 def layer_activation_elements(s: ModelShape) -> int:
-    """Elements autograd keeps per token per decoder layer (transformers' Llama / Qwen3 code, our attention):
+    """Elements autograd keeps per token per decoder layer in the compute dtype (transformers' Llama / Qwen3
+    attention, the norms and MLP of ``policies/lean_layers.py``, our attention):
 
-    - each of the two RMSNorms: its input, the normalised input, and the weighted output that the next linears
-      keep as their input: ``3 * hidden`` each;
+    - the two RMSNorms' outputs, one copy each that the linears reading it share: ``2 * hidden``;
     - attention: the rotated query and key, the value, and the attention output (kept by ``o_proj``);
-      Qwen3's per-head query/key norms keep two more of each;
-    - MLP: gate output (kept by SiLU), SiLU output, up output, and their product (kept by ``down_proj``):
-      ``4 * intermediate``.
-    Residual adds and views keep nothing."""
+      Qwen3's per-head query/key norms keep their inputs, one more query and key;
+    - MLP: gate and up (kept by SwiGLU) and their product (kept by ``down_proj``): ``3 * intermediate``.
+    Residual adds and views keep nothing; the norms' inputs are in ``layer_bytes``."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    attn = 2 * q + 2 * kv + (2 * q + 2 * kv if s.qk_norm else 0)
-    return 6 * s.hidden + attn + 4 * s.intermediate
+    attn = 2 * q + 2 * kv + (q + kv if s.qk_norm else 0)
+    return 2 * s.hidden + attn + 3 * s.intermediate
+
+
+def layer_bytes(s: ModelShape, r: RunSettings) -> int:
+    """Bytes kept per token per decoder layer: ``layer_activation_elements`` in the compute dtype, and each
+    RMSNorm's input (the residual stream, in the weights' dtype: float32 under autocast) with one float32
+    reciprocal RMS."""
+    return 2 * (s.hidden * DTYPE_BYTES[r.dtype] + 4) + layer_activation_elements(s) * act_bytes(r)
 
 
 def response_attention_bytes(s: ModelShape, mb: MicroBatch, b: int) -> int:
@@ -175,25 +181,22 @@ def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings | None = None) ->
     return 2 * rows * s.vocab * 4 + 4 * mb.logit_rows + per_param * s.vocab * s.hidden
 
 
-def autocast_extra_bytes(s: ModelShape, r: RunSettings) -> tuple[int, int]:
-    """Under ``model.autocast`` on weights of another dtype (float32): ``(per token per layer, once)``. The
-    RMSNorms compute in float32 (their ``6 * hidden`` kept elements are float32, not bfloat16) and the linears
-    keep bfloat16 casts of the two norm outputs (``2 * hidden``); torch keeps one bfloat16 copy of every weight
-    that autocast casts (all but the embedding and the LM head, which runs in its weights' dtype) for the backward."""
+def autocast_weight_bytes(s: ModelShape, r: RunSettings) -> int:
+    """Under ``model.autocast`` on weights of another dtype (float32): torch keeps one bfloat16 copy of every
+    weight that autocast casts (all but the embedding and the LM head, which runs in its weights' dtype) for the
+    backward."""
     if not r.compute_dtype or r.compute_dtype == r.dtype:
-        return 0, 0
-    b, w = DTYPE_BYTES[r.compute_dtype], DTYPE_BYTES[r.dtype]
-    per_token_layer = 6 * s.hidden * (w - b) + 2 * s.hidden * b
-    return per_token_layer, (num_params(s) - s.vocab * s.hidden * (1 if s.tied else 2)) * b
+        return 0
+    return (num_params(s) - s.vocab * s.hidden * (1 if s.tied else 2)) * DTYPE_BYTES[r.compute_dtype]
 
 
 def activation_bytes(s: ModelShape, r: RunSettings) -> int:
     """Peak activation memory of the update's largest forward/backward (``micro_batch``):
 
-    kept activations of every layer (``layer_activation_elements`` x tokens, in the compute dtype, plus
-    ``response_attention_bytes`` x response tokens), the final norm (``3 * hidden`` per token), the logits
+    kept activations of every layer (``layer_bytes`` x tokens, plus ``response_attention_bytes`` x response
+    tokens), the final norm (its input and output, ``2 * hidden`` per token in the weights' dtype), the logits
     (``logits_bytes``), and one layer's worth again for the gradients the backward makes while it walks through a
-    layer; under autocast ``autocast_extra_bytes``. With gradient checkpointing each layer keeps only its input
+    layer; under autocast ``autocast_weight_bytes``. With gradient checkpointing each layer keeps only its input
     (``hidden`` per token) and the one layer being recomputed holds its full set.
 
     With shared prefix the packer fills a micro-batch up to ``token_budget`` with groups of any length, so shorter
@@ -202,15 +205,14 @@ def activation_bytes(s: ModelShape, r: RunSettings) -> int:
     proportions."""
     mb, b = micro_batch(r), act_bytes(r)
     fill = budget_fill(r, mb)
-    extra_per_token, weight_copies = autocast_extra_bytes(s, r)
     resp_tokens = mb.rows * (mb.response - 1)
     attn = resp_tokens * response_attention_bytes(s, mb, b) if r.shared_prefix else 0
-    one_layer = fill * (mb.tokens * (layer_activation_elements(s) * b + extra_per_token) + attn)
+    one_layer = fill * (mb.tokens * layer_bytes(s, r) + attn)
     residual = DTYPE_BYTES[r.dtype]  # the residual stream and the norms: the weights' dtype (float32 under autocast)
     tokens = fill * mb.tokens
     kept = s.layers * (tokens * s.hidden * residual) if r.gradient_checkpointing else s.layers * one_layer
     head = logits_bytes(s, mb, r) + 4 * (fill - 1) * mb.logit_rows  # the log-sum-exps of the filled positions
-    return int(kept + one_layer + 3 * tokens * s.hidden * residual + head + weight_copies)
+    return int(kept + one_layer + 2 * tokens * s.hidden * residual + head + autocast_weight_bytes(s, r))
 
 
 def budget_fill(r: RunSettings, mb: MicroBatch) -> float:
@@ -244,19 +246,25 @@ def sampling_bytes(s: ModelShape, r: RunSettings) -> int:
 
 
 def sampler_bytes(s: ModelShape, r: RunSettings) -> int:
-    """The rollout's own weights, kept for the whole run beside the trainer's:
-
-    - the copy it samples from (``rollout_copy``, ``policies/rollout_copy.py``): every linear layer in bfloat16,
-      the embedding and the LM head in float32 (the head's highest logits are recomputed in float32) and the head
-      once more in bfloat16 (the ranking);
-    - for the native engine on the CPU (``packed_weights``, ``engine/weights.py``): every linear layer and the LM
-      head again in oneDNN's blocked layout, in the dtype it samples in.
-    The norms (a few thousand parameters) are counted as linear weights."""
+    """The copy the rollout samples from (``rollout_copy``, ``policies/rollout_copy.py``), kept for the whole run
+    beside the trainer's weights: every linear layer in bfloat16, the embedding and the LM head in float32 (the
+    head's highest logits are recomputed in float32) and the head once more in bfloat16 (the ranking). The norms
+    (a few thousand parameters) are counted as linear weights."""
+    if not r.rollout_copy:
+        return 0
     P, head = num_params(s), s.vocab * s.hidden
     embeddings = head * (1 if s.tied else 2)  # the input embedding and the LM head (one tensor when tied)
-    copy = (P - embeddings) * 2 + embeddings * 4 + head * 2 if r.rollout_copy else 0
-    packed = (P - embeddings + head) * (2 if r.rollout_copy else DTYPE_BYTES[r.dtype]) if r.packed_weights else 0
-    return copy + packed
+    return (P - embeddings) * 2 + embeddings * 4 + head * 2
+
+
+def packed_bytes(s: ModelShape, r: RunSettings) -> int:
+    """The native engine's weights on the CPU (``packed_weights``, ``engine/weights.py``): every linear layer and
+    the LM head again in oneDNN's blocked layout, in the dtype it samples in. Made when a rollout starts and freed
+    before the update (``DecoderWeights.release``): a rollout-phase term."""
+    if not r.packed_weights:
+        return 0
+    P, head = num_params(s), s.vocab * s.hidden
+    return (P - head * (1 if s.tied else 2) + head) * (2 if r.rollout_copy else DTYPE_BYTES[r.dtype])
 
 
 def runtime_bytes(device: str) -> int:
@@ -281,7 +289,8 @@ class ModelPlan:
     sampling: int
     runtime: int
     reference: int = 0  # the KL reference's frozen copies (algo.kl_coef > 0)
-    sampler: int = 0  # the rollout's own weights (``sampler_bytes``)
+    sampler: int = 0  # the rollout's copy of the weights (``sampler_bytes``)
+    packed: int = 0  # the CPU engine's packed weights, rollout phase only (``packed_bytes``)
 
     @property
     def update(self) -> int:
@@ -289,7 +298,7 @@ class ModelPlan:
 
     @property
     def rollout(self) -> int:
-        return self.kv_cache + self.sampling
+        return self.kv_cache + self.sampling + self.packed
 
     @property
     def peak(self) -> int:
@@ -315,16 +324,18 @@ def plan(s: ModelShape, r: RunSettings) -> list[ModelPlan]:
     """
     P, b = num_params(s), DTYPE_BYTES[r.dtype]
     act, kv, smp, rt = activation_bytes(s, r), kv_cache_bytes(s, r), sampling_bytes(s, r), runtime_bytes(r.device)
-    sampler = sampler_bytes(s, r)
+    sampler, packed = sampler_bytes(s, r), packed_bytes(s, r)
     if r.sharing == "L2":
         lora = lora_params(s, r.lora_rank, r.lora_targets)
         weights = P * b + r.roles * lora * 4
         return [ModelPlan(f"base + {r.roles} adapters", P + r.roles * lora, lora, weights, lora * 4,
-                          r.roles * lora * 8, act, kv, smp, rt, r.roles * weights if r.kl_reference else 0, sampler)]
+                          r.roles * lora * 8, act, kv, smp, rt, r.roles * weights if r.kl_reference else 0, sampler,
+                          packed)]
     n = r.roles if r.sharing == "L3" else 1
     names = [f"role {i + 1}" for i in range(n)] if n > 1 else ["shared"]
     ref = P * b if r.kl_reference else 0
-    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref, sampler) for name in names]
+    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref, sampler, packed)
+            for name in names]
 
 
 @dataclass(frozen=True)

@@ -29,16 +29,16 @@ def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
              f"{mb.groups} prompts, {mb.rows} responses, {mb.tokens:,} tokens, logits at {mb.logit_rows:,} positions",
              "",
              f"{'model':<20} {'params':>9} {'trainable':>10} {'weights':>8} {'sampler':>8} {'grads':>8} "
-             f"{'optimizer':>9} {'activ.':>8} {'kv_cache':>8} {'sampling':>8} {'runtime':>8} {'peak':>8}  "
+             f"{'optimizer':>9} {'activ.':>8} {'kv_cache':>8} {'sampling':>8} {'packed':>8} {'runtime':>8} {'peak':>8}  "
              f"GPUs of {gpu_gb:g} GiB"]
     for p in plans:
         lines.append(f"{p.name:<20} {p.params / 1e6:>8.1f}M {p.trainable / 1e6:>9.2f}M {_gib(p.weights):>8} "
                      f"{_gib(p.sampler):>8} {_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} "
-                     f"{_gib(p.kv_cache):>8} {_gib(p.sampling):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
+                     f"{_gib(p.kv_cache):>8} {_gib(p.sampling):>8} {_gib(p.packed):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
                      f"{math.ceil(p.peak / (gpu_gb * GIB))}")
-    lines += ["(GiB; peak = weights + sampler + optimizer + max(grads + activations, kv_cache + sampling) + runtime"
-              + (" + the KL reference's copies" if r.kl_reference else "")
-              + "; sampler: the rollout's bfloat16 copy and the CPU engine's prepacked weights)", ""]
+    lines += ["(GiB; peak = weights + sampler + optimizer + max(grads + activations, kv_cache + sampling + packed) "
+              "+ runtime" + (" + the KL reference's copies" if r.kl_reference else "")
+              + "; sampler: the rollout's bfloat16 copy; packed: the CPU engine's prepacked weights, rollout only)", ""]
     if r.kl_reference:
         lines += [f"KL reference (algo.kl_coef > 0) of {p.name}: {_gib(p.reference)} GiB" for p in plans]
     for p in plans:

@@ -36,9 +36,9 @@ def test_micro_batch_by_hand():
     # a budget of 20: whole groups of 11 leave 9 tokens that shorter groups fill: 20 / 11 of the longest group
     wide = pm.RunSettings(**{**RUN.__dict__, "token_budget": 20})
     assert pm.micro_batch(wide).tokens == 11 and pm.budget_fill(wide, pm.micro_batch(wide)) == 20 / 11
-    # per-token terms scaled: 3 layers' worth of 6608 * 20 / 11, the final norm of 20 tokens 3 * 20 * 8 * 4, the
+    # per-token terms scaled: 3 layers' worth of 5288 * 20 / 11, the final norm of 20 tokens 2 * 20 * 8 * 4, the
     # head 588 and the log-sum-exps of 7 * 9 / 11 more positions
-    assert pm.activation_bytes(SHAPE, wide) == int(3 * 6608 * 20 / 11 + 1920 + 588 + 4 * 7 * 9 / 11)
+    assert pm.activation_bytes(SHAPE, wide) == int(3 * 5288 * 20 / 11 + 1280 + 588 + 4 * 7 * 9 / 11)
     # at most micro_batch_size responses: 3 rows are 1.5 groups of 2, fewer than 20 / 11 would be
     assert pm.budget_fill(pm.RunSettings(**{**wide.__dict__, "micro_batch_size": 3}), pm.micro_batch(wide)) == 1.5
     # budget 10 < 11: the group is split into sub-groups of (10 - 5) // 3 = 1 response
@@ -50,35 +50,37 @@ def test_micro_batch_by_hand():
 
 
 def test_activations_by_hand():
-    # per token per layer: norms 6 * 8 + q, attention output 2 * 8 + k, v 2 * 4 + MLP 4 * 16 = 136 elements
-    assert pm.layer_activation_elements(SHAPE) == 136
+    # per token per layer: norm outputs 2 * 8 + q, attention output 2 * 8 + k, v 2 * 4 + MLP 3 * 16 = 88 elements;
+    # in bytes, with the norms' inputs and reciprocal RMS 2 * (8 * 4 + 4): 424 in float32
+    assert pm.layer_activation_elements(SHAPE) == 88
+    assert pm.layer_bytes(SHAPE, RUN) == 424
     mb = pm.micro_batch(RUN)
     # per response token per layer: the query's two stacked copies and the merged output 3 * 2 * 4 float32, and a
     # float32 log-sum-exp per head 2 * 4: no scores
     assert pm.response_attention_bytes(SHAPE, mb, 4) == 96 + 8
-    # one layer: 11 tokens * 136 * 4 + 6 response tokens * 104 = 6608; kept: 2 layers; the backward's layer;
-    # final norm 3 * 11 * 8 * 4 = 1056; the fused head: 7 positions (one chunk) * 10 * 4 bytes * 2 (logits and
+    # one layer: 11 tokens * 424 + 6 response tokens * 104 = 5288; kept: 2 layers; the backward's layer;
+    # final norm 2 * 11 * 8 * 4 = 704; the fused head: 7 positions (one chunk) * 10 * 4 bytes * 2 (logits and
     # gradient) = 560 and a log-sum-exp per position 7 * 4
-    assert pm.activation_bytes(SHAPE, RUN) == 3 * 6608 + 1056 + 560 + 28
-    # bfloat16: 2-byte activations (response extra 3 * 2 * 4 * 2 + 8), float32 logits, and the head weight's
-    # gradient summed in float32 beside each chunk's bfloat16 product: 10 * 8 * 6
+    assert pm.activation_bytes(SHAPE, RUN) == 3 * 5288 + 704 + 560 + 28
+    # bfloat16: 2-byte activations and norm inputs (2 * (8 * 2 + 4) + 88 * 2 = 216 per token per layer; response
+    # extra 3 * 2 * 4 * 2 + 8), float32 logits, and the head weight's gradient summed in float32 beside each
+    # chunk's bfloat16 product: 10 * 8 * 6
     bf16 = pm.RunSettings(**{**RUN.__dict__, "dtype": "bfloat16"})
-    one = 11 * 136 * 2 + 6 * 56
-    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 3 * 11 * 8 * 2 + 588 + 480
-    # autocast on float32 weights: as bfloat16, plus per token per layer the norms' 6 * 8 elements in float32
-    # (2 more bytes each) and the bfloat16 casts of the two norm outputs (2 * 8 * 2), in the 3 layers' worth;
-    # plus the bfloat16 copies of every weight but the embedding and the LM head: (1352 - 160) * 2; the final norm
-    # in float32: 3 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16 copy of its weight and a bfloat16
-    # product 10 * 8 * 4 (not 6: its float32 gradient sum is the gradient itself)
+    one = 11 * 216 + 6 * 56
+    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 2 * 11 * 8 * 2 + 588 + 480
+    # autocast on float32 weights: as bfloat16, plus per token per layer the norms' two inputs in float32 (2 * 8 * 2
+    # bytes more), in the 3 layers' worth; plus the bfloat16 copies of every weight but the embedding and the LM
+    # head: (1352 - 160) * 2; the final norm in float32: 2 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16
+    # copy of its weight and a bfloat16 product 10 * 8 * 4 (not 6: its float32 gradient sum is the gradient itself)
     autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})
-    assert pm.autocast_extra_bytes(SHAPE, autocast) == (96 + 32, 2384)
-    assert pm.activation_bytes(SHAPE, autocast) == (pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 128 + 2384 + 528
+    assert pm.layer_bytes(SHAPE, autocast) == 248 and pm.autocast_weight_bytes(SHAPE, autocast) == 2384
+    assert pm.activation_bytes(SHAPE, autocast) == (pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 32 + 2384 + 352
                                                     - 480 + 320)
     assert pm.plan(SHAPE, autocast)[0].weights == 1352 * 4
     # gradient checkpointing (no shared prefix): each layer keeps its input 72 * 8 * 4, one layer recomputed
-    # 72 * 136 * 4; final norm 3 * 72 * 8 * 4; the fused head over 40 positions: 40 * 10 * 8 + 40 * 4
+    # 72 * 424; final norm 2 * 72 * 8 * 4; the fused head over 40 positions: 40 * 10 * 8 + 40 * 4
     gc = pm.RunSettings(**{**RUN.__dict__, "shared_prefix": False, "gradient_checkpointing": True})
-    assert pm.activation_bytes(SHAPE, gc) == 2 * 2304 + 39168 + 6912 + 3360
+    assert pm.activation_bytes(SHAPE, gc) == 2 * 2304 + 30528 + 4608 + 3360
     # a vocabulary of 2**22: chunks of 16 positions, whatever the positions
     big = pm.ModelShape(**{**SHAPE.__dict__, "vocab": 2**22})
     assert pm.head_chunk_rows(big) == 16 and pm.logits_bytes(big, pm.micro_batch(gc)) == 2 * 16 * 2**22 * 4 + 160
@@ -94,7 +96,7 @@ def test_kv_cache_and_sampling_by_hand():
 
 
 def test_plans_by_sharing_level():
-    act = 21468
+    act = 17156
     (l1,) = pm.plan(SHAPE, RUN)
     assert (l1.weights, l1.grads, l1.optimizer, l1.activations, l1.kv_cache, l1.runtime) == (5408, 5408, 10816, act,
                                                                                             2496, 0)
@@ -116,7 +118,7 @@ def test_gpu_fit():
     r = pm.RunSettings(**{**RUN.__dict__, "sharing": "L3", "device": "cuda"})
     plans = pm.plan(SHAPE, r)
     fit = pm.fit_gpus(plans, r, 2 * pm.GIB)
-    assert fit.local_fits and fit.local_bytes == 2 * (5408 + 10816) + 5408 + 21468 + pm.GIB
+    assert fit.local_fits and fit.local_bytes == 2 * (5408 + 10816) + 5408 + 17156 + pm.GIB
     assert fit.pools == 2 and fit.rollout_workers == 1 and fit.ray_gpus == 4
     assert pm.fit_gpus(plans, r, pm.GIB).ray_gpus is None  # the runtime term alone fills a 1 GiB GPU
     # a GPU with room for the weights, the runtime and half of the rollout: two rollout workers per pool
@@ -126,7 +128,7 @@ def test_gpu_fit():
     big_update = pm.fit_gpus(plans, pm.RunSettings(**{**r.__dict__, "problems": 1}), room)
     assert big_update.rollout_workers is None  # one problem cannot be split over two workers
     # room for the activations and runtime plus half the update's state (weights, grads, AdamW): two FSDP ranks
-    half = pm.GIB + 21468 + (5408 + 5408 + 10816) // 2
+    half = pm.GIB + 17156 + (5408 + 5408 + 10816) // 2
     fit = pm.fit_gpus(plans, r, half)
     assert fit.update_workers == 2 and fit.update_worker_bytes == half and fit.rollout_workers == 1
     assert fit.ray_gpus == 2 * (1 + 2)
@@ -217,14 +219,16 @@ def test_plan_within_20_percent_of_the_measured_peak(config):
 
 def test_sampler_weights_by_hand():
     # the rollout copy: the layers (1352 - 2 * 80) * 2, the untied embedding and head in float32 160 * 4, the head
-    # in bfloat16 80 * 2; the CPU engine's packed weights of it: the layers and the head (1352 - 160 + 80) * 2
+    # in bfloat16 80 * 2; the CPU engine's packed weights of it, rollout phase only: the layers and the head
+    # (1352 - 160 + 80) * 2
     r = pm.RunSettings(**{**RUN.__dict__, "rollout_copy": True, "packed_weights": True, "compute_dtype": "bfloat16"})
-    assert pm.sampler_bytes(SHAPE, r) == 2384 + 640 + 160 + 2544
+    assert pm.sampler_bytes(SHAPE, r) == 2384 + 640 + 160 and pm.packed_bytes(SHAPE, r) == 2544
     (p,) = pm.plan(SHAPE, r)
-    assert p.sampler == 5728 and p.peak == p.weights + 5728 + p.optimizer + max(p.update, p.rollout)
+    assert (p.sampler, p.packed) == (3184, 2544) and p.rollout == p.kv_cache + p.sampling + 2544
+    assert p.peak == p.weights + 3184 + p.optimizer + max(p.update, p.rollout)
     # a float32 model sampled by the CPU engine: its packed float32 weights only
-    assert pm.sampler_bytes(SHAPE, pm.RunSettings(**{**RUN.__dict__, "packed_weights": True})) == 1272 * 4
-    assert pm.sampler_bytes(SHAPE, RUN) == 0
+    assert pm.packed_bytes(SHAPE, pm.RunSettings(**{**RUN.__dict__, "packed_weights": True})) == 1272 * 4
+    assert pm.sampler_bytes(SHAPE, RUN) == 0 == pm.packed_bytes(SHAPE, RUN)
 
 
 def test_settings_resolve_the_runs_precision():

@@ -187,6 +187,11 @@ class DecoderWeights:
             self._stamp = stamp
         return self.layers
 
+    def release(self) -> None:
+        """Drop the fused, packed copies; the next ``current`` makes them again. Called before an update, whose
+        optimizer steps change the source weights anyway: the update gets their memory."""
+        self.layers, self.head, self._stamp = [], None, []
+
     @torch.no_grad()
     def _build(self) -> list[LayerWeights]:
         dtype = _linear_dtype(self.model)

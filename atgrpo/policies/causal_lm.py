@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from . import cascade
+from .lean_layers import make_lean
 from .logprobs import model_logprobs
 
 
@@ -45,7 +46,8 @@ class CausalLMPolicy:
 
     Public attributes the model code reads (``shared_prefix.py`` too): ``cache_arg``, the name of the model's
     KV-cache argument; ``takes_logits_to_keep``, whether its forward takes ``logits_to_keep``; ``cascade``,
-    whether decoding and scoring may use cascade attention."""
+    whether decoding and scoring may use cascade attention; ``lean_layers``, whether its norms and MLPs run as
+    ``lean_layers.make_lean`` makes them."""
 
     def __init__(self, policy_id: str, model, tokenizer, device: str = "cpu", max_prompt_tokens: int = 4096):
         self.policy_id = policy_id
@@ -66,6 +68,8 @@ class CausalLMPolicy:
         # decode with cascade attention (cascade.py) on the architectures it is tested on; else one cache copy
         # per branch (ReservedCache)
         self.cascade = cascade.supports(base.config)
+        # norms and SwiGLU that keep only their inputs for the backward (lean_layers.py; the same forward)
+        self.lean_layers = make_lean(base) > 0
         # decode with the native engine's own step (engine/decoder.py) where it can run the model
         self.native_decoder = True
         self.cuda_graphs = True  # on CUDA, replay the native decoding step as captured graphs (engine/graphs.py)
@@ -162,6 +166,12 @@ class CausalLMPolicy:
             cached = (self.model, Decoder(self.model) if why_not(self.model) is None else None)
             self._decoder = cached
         return cached[1]
+
+    def release_decoder_weights(self) -> None:
+        """Free the decoder's fused, packed weights (made again at its next use: ``DecoderWeights.release``)."""
+        cached = self.__dict__.get("_decoder")
+        if cached is not None and cached[1] is not None:
+            cached[1].weights.release()
 
     # ---- scoring --------------------------------------------------------------------------------------
     def response_logprobs(self, prompt_ids: list[list[int]], response_ids: list[list[int]],

@@ -95,6 +95,11 @@ class LocalBackend:
 
     def update(self, state: TrainState, batches: dict[str, list[Sample]]) -> dict[str, UpdateStats]:
         cfg = state.cfg
+        # the native engine's packed weights: stale after this update anyway; its activations get their memory
+        for sampler in ([v.sampler for v in self.copies.views.values()] if self.copies is not None
+                        else state.policies.values()):
+            if hasattr(sampler, "release_decoder_weights"):
+                sampler.release_decoder_weights()
         out = {pid: update_policy(state.policies[pid], state.optimizers[pid], batch, cfg.algo,
                                   cfg.rollout.temperature, state.generator, state.references.get(pid))
                for pid, batch in batches.items()}

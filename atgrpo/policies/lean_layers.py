@@ -1,0 +1,118 @@
+"""Decoder layers that keep less for the backward: RMSNorm and SwiGLU as autograd functions that save their
+inputs only.
+
+transformers' RMSNorm (Llama, Qwen2, Qwen3) is a chain of autograd operations that keeps its input and the
+normalised input (``2 * hidden`` float32 elements per token per norm, under autocast too); under bfloat16 autocast
+each linear that reads the norm's output then keeps its own bfloat16 cast of it (three for the query/key/value
+projections, two for gate/up). Its MLP keeps the gate projection (for SiLU), SiLU's output and the up projection
+(for the product). Per token and layer that is ``14 * hidden + 2 * intermediate`` bytes more than needed under
+autocast (``tests/test_lean_layers.py`` counts it in the autograd graph).
+
+Here each norm saves its input and one reciprocal RMS per row and recomputes the normalised input in the
+backward; a decoder layer's two norms (the ones whose outputs feed linear layers) hand out a bfloat16 output under
+autocast, cast once, so the linears that read it share one copy. SwiGLU (``silu(gate) * up``) saves gate and up and
+recomputes SiLU. The forward computes the same operations as transformers' modules, so outputs are bit-identical;
+gradients are the same functions computed in another order (float32: within 1e-6 relative, ``tests/test_lean_
+layers.py``). One difference under autocast: the three (two) gradients that flow back into a shared bfloat16
+norm output are summed in bfloat16 by autograd before the norm's backward casts them to float32, where each used to
+be cast first and summed in float32: one more bfloat16 rounding in a backward that runs in bfloat16 anyway.
+
+``make_lean(model)`` (run by every ``CausalLMPolicy`` on its model) swaps the forwards of a model's RMSNorm and
+MLP modules (methods bound to each module, so a ``copy.deepcopy`` keeps them); the rollout engine reads the same weights through its own decoder
+(``engine/decoder.py``) and is untouched. Applied to the architectures that cascade attention supports
+(``cascade.MODEL_TYPES``) whose MLP activation is SiLU; other models are left as they are."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+MODEL_TYPES = ("llama", "qwen2", "qwen3")
+NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
+MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP")
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """``weight * (x / rms(x))`` as transformers computes it (the normalisation in float32, cast back to ``x``'s
+    dtype before the weight), optionally cast to ``out_dtype``; saves ``x`` and the float32 reciprocal RMS."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None):
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # float32 (float64 stays: gradcheck)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        y = weight * (xf * rstd).to(x.dtype)
+        ctx.save_for_backward(x, weight, rstd)
+        return y if out_dtype is None else y.to(out_dtype)
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x.to(rstd.dtype) * rstd
+        gw = None
+        if ctx.needs_input_grad[1]:
+            gw = (gy.to(rstd.dtype) * xhat.to(x.dtype)).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        gx = None
+        if ctx.needs_input_grad[0]:
+            g = gy.to(rstd.dtype) * weight.to(rstd.dtype)  # the gradient of the normalised input
+            gx = (rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))).to(x.dtype)
+        return gx, gw, None, None
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    """``silu(gate) * up``; saves gate and up and recomputes SiLU (in float32) in the backward."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        wide = torch.promote_types(gate.dtype, torch.float32)
+        gf = gate.to(wide)
+        sig = torch.sigmoid(gf)
+        g32 = g.to(wide)
+        g_up = (g32 * gf * sig).to(up.dtype) if ctx.needs_input_grad[1] else None
+        g_gate = None
+        if ctx.needs_input_grad[0]:
+            g_gate = (g32 * up.to(wide) * sig * (1 + gf * (1 - sig))).to(gate.dtype)
+        return g_gate, g_up
+
+
+def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
+    out = None
+    if self.atgrpo_cast_output and torch.is_autocast_enabled(x.device.type):
+        out = torch.get_autocast_dtype(x.device.type)
+    return RMSNormFunction.apply(x, self.weight, self.variance_epsilon, out)
+
+
+def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(SwiGLUFunction.apply(self.gate_proj(x), self.up_proj(x)))
+
+
+def supports(config) -> bool:
+    """Whether ``make_lean`` changes a model of this config: a supported architecture with SiLU."""
+    return getattr(config, "model_type", None) in MODEL_TYPES and getattr(config, "hidden_act", None) == "silu"
+
+
+def make_lean(model: torch.nn.Module) -> int:
+    """Swap the forwards of ``model``'s RMSNorm and MLP modules for the lean ones (above); returns how many
+    modules changed (0 for an unsupported model). Idempotent; under peft pass the base model."""
+    if not supports(getattr(model, "config", None)):
+        return 0
+    changed = 0
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if kind in NORM_CLASSES:
+            # the norms in front of linear layers: a decoder layer's two; not the final norm (the LM head runs in
+            # its weights' dtype) nor Qwen3's per-head query/key norms (their outputs are rotated, then attended)
+            module.atgrpo_cast_output = name.rsplit(".", 1)[-1] in ("input_layernorm", "post_attention_layernorm")
+            module.forward = types.MethodType(_norm_forward, module)
+            changed += 1
+        elif kind in MLP_CLASSES:
+            module.forward = types.MethodType(_mlp_forward, module)
+            changed += 1
+    return changed

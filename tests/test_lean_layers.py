@@ -1,0 +1,128 @@
+"""The lean RMSNorm and SwiGLU (atgrpo/policies/lean_layers.py) against transformers' own modules.
+
+The forward is bit-identical (float32, bfloat16 weights, bfloat16 autocast on float32 weights); parameter and
+input gradients agree within float32 rounding (and within bfloat16 rounding under autocast); the backward keeps
+what the docstring says: per token and layer, each norm's input and one reciprocal RMS, one bfloat16 norm output
+under autocast, SwiGLU's two inputs, counted from the autograd graph."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from atgrpo.policies.lean_layers import RMSNormFunction, SwiGLUFunction, make_lean
+from atgrpo.policies.precision import apply_autocast
+
+SIZES = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
+
+
+def _model(kind: str, dtype=torch.float32, seed: int = 0):
+    torch.manual_seed(seed)
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**SIZES, head_dim=16)).to(dtype)
+    return LlamaForCausalLM(LlamaConfig(**SIZES)).to(dtype)
+
+
+def _run(model, ids):
+    model.zero_grad(set_to_none=True)
+    embeds = model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    logits = model(inputs_embeds=embeds).logits
+    (logits.float().square().mean() + logits.float()[..., 3].sum()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), embeds.grad.clone(), grads
+
+
+def _pair(kind: str, dtype=torch.float32, autocast: bool = False):
+    stock = _model(kind, dtype)
+    lean = copy.deepcopy(stock)
+    assert make_lean(lean) == 2 * 2 + 1 + 2 + (4 if kind == "qwen3" else 0)  # norms, final norm, MLPs, q/k norms
+    if autocast:
+        stock, lean = apply_autocast(stock, "bfloat16"), apply_autocast(lean, "bfloat16")
+    return stock, lean
+
+
+IDS = torch.randint(0, 96, (3, 17), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_float32_forward_is_identical_and_gradients_agree(kind):
+    stock, lean = _pair(kind)
+    ls, es, gs = _run(stock, IDS)
+    ll, el, gl = _run(lean, IDS)
+    assert torch.equal(ls, ll)
+    torch.testing.assert_close(el, es, rtol=1e-4, atol=1e-5)
+    assert gs.keys() == gl.keys()
+    for n in gs:
+        torch.testing.assert_close(gl[n], gs[n], rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_bfloat16_autocast_forward_is_identical_and_gradients_within_rounding(kind):
+    stock, lean = _pair(kind, autocast=True)
+    ls, es, gs = _run(stock, IDS)
+    ll, el, gl = _run(lean, IDS)
+    assert torch.equal(ls, ll)
+    for n in gs:  # a few bfloat16 roundings apart: relative to the gradient's own size
+        err = (gl[n] - gs[n]).norm() / gs[n].norm().clamp_min(1e-12)
+        assert err < 2e-2, (n, float(err))
+
+
+def test_bfloat16_weights_forward_is_identical():
+    stock, lean = _pair("qwen3", dtype=torch.bfloat16)
+    assert torch.equal(_run(stock, IDS)[0], _run(lean, IDS)[0])
+
+
+def test_functions_match_autograd_of_the_plain_expressions():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 7, 24, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(24, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-6, None), (x, w))
+    gate = torch.randn(4, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(4, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(SwiGLUFunction.apply, (gate, up))
+
+
+def _kept_bytes(root) -> int:
+    """Bytes of every distinct storage the autograd graph under ``root`` keeps, parameters excluded."""
+    seen, stack, visited, params = {}, [root], set(), set()
+    while stack:
+        f = stack.pop()
+        if f is None or f in visited:
+            continue
+        visited.add(f)
+        if type(f).__name__ == "AccumulateGrad":
+            params.add(f.variable.untyped_storage().data_ptr())
+        tensors = list(getattr(f, "saved_tensors", ()) or ()) if hasattr(f, "saved_tensors") else []
+        for a in dir(f):
+            if a.startswith("_saved_"):
+                v = getattr(f, a)
+                tensors += [v] if isinstance(v, torch.Tensor) else [t for t in v if isinstance(t, torch.Tensor)] \
+                    if isinstance(v, (tuple, list)) else []
+        for t in tensors:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack += [n for n, _ in f.next_functions]
+    return sum(b for p, b in seen.items() if p not in params)
+
+
+def test_the_backward_keeps_what_the_docstring_says():
+    """Per token and layer: each norm's float32 input and reciprocal RMS and its one bfloat16 output, SwiGLU's
+    gate and up, where the stock modules keep each norm's input, normalised input and reciprocal RMS, a bfloat16
+    cast per linear that reads it (five), and SwiGLU's gate, SiLU output and up: ``14 * hidden + 2 * intermediate``
+    bytes less per token and layer, and ``4 * hidden`` less per token at the final norm (no cast there)."""
+    cfg = dict(SIZES, hidden_size=128, intermediate_size=384, num_hidden_layers=2)
+    torch.manual_seed(0)
+    stock = LlamaForCausalLM(LlamaConfig(**cfg))
+    lean = copy.deepcopy(stock)
+    make_lean(lean)
+    stock, lean = apply_autocast(stock, "bfloat16"), apply_autocast(lean, "bfloat16")
+    ids = torch.randint(0, 96, (1, 512))
+    kept = {}
+    for name, m in (("stock", stock), ("lean", lean)):
+        kept[name] = _kept_bytes(m(input_ids=ids).logits.sum().grad_fn)
+    h, i, layers, tokens = 128, 384, 2, 512
+    saved = layers * tokens * (14 * h + 2 * i) + tokens * 4 * h
+    assert kept["stock"] - kept["lean"] == saved, kept
