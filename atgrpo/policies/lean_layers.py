@@ -11,7 +11,7 @@ autocast (``tests/test_lean_layers.py`` counts it in the autograd graph).
 Here each norm saves its input and one reciprocal RMS per row and recomputes the normalised input in the
 backward; a decoder layer's two norms (the ones whose outputs feed linear layers) hand out a bfloat16 output under
 autocast, cast once, so the linears that read it share one copy. SwiGLU (``silu(gate) * up``) saves gate and up and
-recomputes SiLU. The forward computes the same operations as transformers' modules, so outputs are bit-identical;
+recomputes SiLU (its gradients bit-identical). The forward computes the same operations as transformers' modules, so outputs are bit-identical;
 gradients are the same functions computed in another order (float32: within 1e-6 relative, ``tests/test_lean_
 layers.py``). One difference under autocast: the three (two) gradients that flow back into a shared bfloat16
 norm output are summed in bfloat16 by autograd before the norm's backward casts them to float32, where each used to
@@ -61,7 +61,9 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 class SwiGLUFunction(torch.autograd.Function):
-    """``silu(gate) * up``; saves gate and up and recomputes SiLU (in float32) in the backward."""
+    """``silu(gate) * up``; saves gate and up and recomputes SiLU in the backward. The backward runs the operations
+    autograd runs for the plain expression (``silu_backward`` on ``g * up``), in the inputs' dtype: the same
+    gradients, bit for bit."""
 
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor):
@@ -71,14 +73,8 @@ class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: torch.Tensor):
         gate, up = ctx.saved_tensors
-        wide = torch.promote_types(gate.dtype, torch.float32)
-        gf = gate.to(wide)
-        sig = torch.sigmoid(gf)
-        g32 = g.to(wide)
-        g_up = (g32 * gf * sig).to(up.dtype) if ctx.needs_input_grad[1] else None
-        g_gate = None
-        if ctx.needs_input_grad[0]:
-            g_gate = (g32 * up.to(wide) * sig * (1 + gf * (1 - sig))).to(gate.dtype)
+        g_up = g * F.silu(gate) if ctx.needs_input_grad[1] else None
+        g_gate = torch.ops.aten.silu_backward(g * up, gate) if ctx.needs_input_grad[0] else None
         return g_gate, g_up
 
 
