@@ -68,6 +68,8 @@ S = {s.name: s for s in [
     Site("`rollouts/step_N.jsonl`", "rollouts/step_2.jsonl", "rollouts/step_2.jsonl", 2, LOG),
     Site("`eval_transcripts.jsonl`", "eval_transcripts.jsonl", "eval_transcripts.jsonl", 2,
          "a result (the last evaluation's episodes); written before summary.json, which marks the run finished"),
+    Site("`eval_transcripts_start.jsonl`", "eval_transcripts_start.jsonl", "eval_transcripts_start.jsonl", 0,
+         "a result (the episodes before RL), written once before step 1: the resume starts the run over"),
     Site("`summary.json`", "summary.json", "summary.json", 2, "the result; written last"),
     Site("`config.yaml`", "config.yaml", "config.yaml", 0,
          "before any work: the run leaves nothing and is started again", started=False),
@@ -104,7 +106,7 @@ def _cases() -> list[Case]:
     for name in ("`checkpoint/reference/` (`algo.kl_coef > 0`)", "`checkpoint/final/`"):
         out += [Case(S[name], "ENOSPC"), Case(S[name], "EIO"), Case(S[name], "EROFS", "mkdir")]
     out.append(Case(S["`checkpoint/final/`"], "EISDIR"))
-    for site in list(S.values())[7:]:  # single files: every fault
+    for site in list(S.values())[7:]:  # single files (all after the checkpoints): every fault
         out += [Case(site, f) for f in ("ENOSPC", "EIO", "EROFS", "EISDIR")]
     return out
 

@@ -92,7 +92,9 @@ class Run:
 
     def writing(self, path: str, why: str = "", where: str | None = None) -> Any:
         """A block that writes ``path``: a write fault stops the run with one line (``stop_on_write_error``)."""
-        return stop_on_write_error(path, self.run_dir, where or f"at step {self.state.step}", why)
+        step = self.state.step
+        return stop_on_write_error(path, self.run_dir, where or (f"at step {step}" if step else "before its first step"),
+                                   why)
 
     def log_row(self, step: int, metrics: dict[str, Any]) -> None:
         """One metrics row: metrics.jsonl, then the logging backends (TensorBoard, wandb, mlflow)."""
