@@ -13,9 +13,10 @@ Every failure ends in one line on stderr (``atgrpo: ...``) and an exit status; `
     0    done
     1    an unexpected error (a bug, or the machine: out of memory); --debug shows where
     2    bad input, before any work: a config key or value, a config file, arguments, the run directory (in use,
-         already a run, a file, nothing intact to resume), resources (Ray workers that do not fit); or, during
-         a run, a file of it that cannot be written (a full disk, an I/O error, a read-only directory, a directory
-         in its place): the line names the file, the cause and what to do; what was written before is intact
+         already a run, a file, nothing intact to resume), resources (Ray workers that do not fit); or a file
+         of a run (or a report) that cannot be written (a full disk, an I/O error, a read-only directory, a
+         directory in its place): the line names the file, the cause and what to do; what was written before is
+         intact
     3    stopped: too many updates skipped for a non-finite loss or gradient (train.max_nonfinite)
     4    stopped: Ray rollout/update workers (or nodes) were lost more often than system.ray.max_failures
     130  stopped by Ctrl-C or SIGTERM after a checkpoint (atgrpo train --resume RUN_DIR continues)
@@ -154,8 +155,9 @@ def cmd_plan_memory(args) -> int:
 def cmd_report(args) -> int:
     """One HTML file with the runs' curves, sampled trees and held-out transcripts; ``--screenshot``: open it in
     headless Chromium too, save a PNG of ``--view`` and fail (exit 1) if the page logs an error."""
-    from .report import write_report
+    from .report import REPORT_FILE, write_report
     from .runs import NotARunError
+    from .trainer.write_faults import io_fault, remedy
 
     if args.view and not args.screenshot:
         raise ConfigError("--view goes with --screenshot")
@@ -163,6 +165,13 @@ def cmd_report(args) -> int:
         out = write_report(args.runs, args.out, warn=lambda note: print(f"atgrpo: warning: {note}", file=sys.stderr))
     except (NotARunError, FileNotFoundError) as e:
         print(f"atgrpo: error: {_line(e)}", file=sys.stderr)
+        return EXIT_INPUT
+    except Exception as e:  # the page could not be written (a full disk, a directory in its place): one line
+        path = args.out or (os.path.join(args.runs[0], REPORT_FILE) if len(args.runs) == 1 else REPORT_FILE)
+        fault = io_fault(e, path)
+        if fault is None:
+            raise
+        print(f"atgrpo: error: could not write {path} ({fault[1]}): {remedy(fault[0], path)}", file=sys.stderr)
         return EXIT_INPUT
     print(f"report: {out} ({os.path.getsize(out) / 1e6:.1f} MB)")
     if args.screenshot:

@@ -210,3 +210,13 @@ def test_torn_and_garbled_lines_never_stop_the_report_or_the_reader(run, capsys)
     assert err == [f"atgrpo: warning: {run}: skipped what could not be read: 1 line(s) of eval_transcripts.jsonl, "
                    f"1 line(s) of metrics.jsonl, 1 line(s) of rollouts/step_1.jsonl, 1 line(s) of "
                    f"rollouts/step_2.jsonl, summary.json (unreadable)"], err
+
+
+def test_a_report_that_cannot_be_written_is_one_line(run, capsys):
+    """``atgrpo report --out`` onto a directory (and so a full disk): exit 2, one line naming the file and the cause."""
+    out = os.path.join(run, "taken")
+    os.makedirs(os.path.join(out, "something"))
+    capsys.readouterr()
+    assert main(["report", run, "--out", out]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == [f"atgrpo: error: could not write {out} (Is a directory): move away what is in the way at {out}"]
