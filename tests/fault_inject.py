@@ -4,9 +4,9 @@ A file is named by its logical path in the run directory: the ``.tmp-*`` names o
 names they become (``checkpoint/.tmp-step_2-123-ab12cd34/trainer_state.pt`` is ``checkpoint/step_2/trainer_state.pt``),
 so a pattern names the file, however it is written. Once armed, the first matching write operation fails:
 
-    ENOSPC  a full disk: the file is created, a write past its first 64 bytes raises ``OSError(ENOSPC)``; safetensors raises
-            the error it raises on a real full disk (``... No space left on device (os error 28)``); ``mkdir`` and
-            ``rename`` raise ENOSPC
+    ENOSPC  a full disk: the file is created, a write past its first 64 bytes raises ``OSError(ENOSPC)``;
+            safetensors raises the error it raises on a real full disk (``... No space left on device (os error
+            28)``); ``mkdir`` and ``rename`` raise ENOSPC
     torch   a full disk as torch's serializer reports it: ``torch.save`` writes the file by its path under a file
             size limit (``RLIMIT_FSIZE``) that makes its write fail for real, and torch raises its own
             ``RuntimeError`` (``[enforce fail at inline_container.cc:...] . unexpected pos ...``)

@@ -25,9 +25,7 @@ from .metrics import MetricsLogger, rss_mb, step_line
 from .recovery import Recovery
 from .run_dir import RunError, one_line, warn
 from .state import TrainState
-from .write_faults import RunWriteError, io_error, io_fault, remedy, stop_on_write_error, warn_on_write_error
-
-__all__ = ["CheckpointWriteError", "NonFiniteError", "Run", "io_error"]
+from .write_faults import RunWriteError, io_fault, remedy, stop_on_write_error, warn_on_write_error
 
 LOG_WHY = (" (going on would leave the run's logs without this step's lines for good; the resume redoes the steps "
            "since the checkpoint and writes them)")
@@ -93,8 +91,8 @@ class Run:
     def writing(self, path: str, why: str = "", where: str | None = None) -> Any:
         """A block that writes ``path``: a write fault stops the run with one line (``stop_on_write_error``)."""
         step = self.state.step
-        return stop_on_write_error(path, self.run_dir, where or (f"at step {step}" if step else "before its first step"),
-                                   why)
+        where = where or (f"at step {step}" if step else "before its first step")
+        return stop_on_write_error(path, self.run_dir, where, why)
 
     def log_row(self, step: int, metrics: dict[str, Any]) -> None:
         """One metrics row: metrics.jsonl, then the logging backends (TensorBoard, wandb, mlflow)."""

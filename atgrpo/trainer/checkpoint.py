@@ -237,9 +237,9 @@ def drop_old_checkpoints(run_dir: str, keep: int, at: Callable[[str], None] | No
 CHECKPOINT_STAGES = ("policies", "trainer_state", "progress", "manifest", "fsync", "rename", "moved-aside", "prune",
                      "dropping", "done")
 STAGE_FILES = {"policies": "the policies' weights and config", "trainer_state": STATE_FILE,
-               "progress": PROGRESS_FILE, "manifest": "manifest.json", "fsync": "fsync", "rename": "its rename into place",
-               "moved-aside": "its rename into place", "prune": "removing older checkpoints",
-               "dropping": "removing older checkpoints", "done": "done"}
+               "progress": PROGRESS_FILE, "manifest": "manifest.json", "fsync": "fsync",
+               "rename": "its rename into place", "moved-aside": "its rename into place",
+               "prune": "removing older checkpoints", "dropping": "removing older checkpoints", "done": "done"}
 
 
 def step_dirs(run_dir: str) -> list[Checkpoint]:

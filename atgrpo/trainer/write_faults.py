@@ -51,12 +51,6 @@ def io_fault(e: BaseException, path: str | None = None) -> tuple[int | None, str
     return None
 
 
-def io_error(e: BaseException, path: str | None = None) -> str | None:
-    """The cause of an I/O failure in words (``No space left on device``), or None for anything else."""
-    fault = io_fault(e, path)
-    return fault[1] if fault else None
-
-
 def free_bytes(path: str) -> int | None:
     """Bytes free for this user on the file system of ``path`` (its nearest existing parent)."""
     p = os.path.abspath(path)
