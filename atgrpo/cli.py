@@ -11,9 +11,12 @@
 Every failure ends in one line on stderr (``atgrpo: ...``) and an exit status; ``--debug`` adds the traceback:
 
     0    done
-    1    an unexpected error (a bug, or the machine: disk full, out of memory); --debug shows where
+    1    an unexpected error (a bug, or the machine: out of memory); --debug shows where
     2    bad input, before any work: a config key or value, a config file, arguments, the run directory (in use,
-         already a run, a file, nothing intact to resume), resources (Ray workers that do not fit)
+         already a run, a file, nothing intact to resume), resources (Ray workers that do not fit); or a file
+         of a run (or a report) that cannot be written (a full disk, an I/O error, a read-only directory, a
+         directory in its place): the line names the file, the cause and what to do; what was written before is
+         intact
     3    stopped: too many updates skipped for a non-finite loss or gradient (train.max_nonfinite)
     4    stopped: Ray rollout/update workers (or nodes) were lost more often than system.ray.max_failures
     130  stopped by Ctrl-C or SIGTERM after a checkpoint (atgrpo train --resume RUN_DIR continues)
@@ -56,7 +59,8 @@ def cmd_train(args) -> int:
               file=sys.stderr)
         return EXIT_INPUT
     from .preflight import train_blockers
-    from .trainer.run import CheckpointWriteError, NonFiniteError, RecoveryExhausted, TrainingInterrupted, train
+    from .trainer.run import NonFiniteError, RecoveryExhausted, TrainingInterrupted, train
+    from .trainer.write_faults import RunWriteError
 
     blockers = train_blockers(cfg, out)  # what `atgrpo check` finds that the run would stop on later
     if blockers:
@@ -74,9 +78,9 @@ def cmd_train(args) -> int:
     except RecoveryExhausted as e:
         print(f"atgrpo: error: {e}", file=sys.stderr)
         return EXIT_LOST
-    except CheckpointWriteError as e:  # the machine (a full disk): exit 1, in one line that says what is intact
+    except RunWriteError as e:  # a full disk, an I/O error (a checkpoint too): one line that says what is intact
         print(f"atgrpo: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_INPUT
     print(json.dumps({"run_dir": out, "eval_before": summary["eval_before"]["success_rate"],
                       "eval_after": summary["eval_after"]["success_rate"],
                       "wall_seconds": round(summary["wall_seconds"], 1)}))
@@ -151,15 +155,23 @@ def cmd_plan_memory(args) -> int:
 def cmd_report(args) -> int:
     """One HTML file with the runs' curves, sampled trees and held-out transcripts; ``--screenshot``: open it in
     headless Chromium too, save a PNG of ``--view`` and fail (exit 1) if the page logs an error."""
-    from .report import write_report
+    from .report import REPORT_FILE, write_report
     from .runs import NotARunError
+    from .trainer.write_faults import io_fault, remedy
 
     if args.view and not args.screenshot:
         raise ConfigError("--view goes with --screenshot")
     try:
-        out = write_report(args.runs, args.out)
+        out = write_report(args.runs, args.out, warn=lambda note: print(f"atgrpo: warning: {note}", file=sys.stderr))
     except (NotARunError, FileNotFoundError) as e:
         print(f"atgrpo: error: {_line(e)}", file=sys.stderr)
+        return EXIT_INPUT
+    except Exception as e:  # the page could not be written (a full disk, a directory in its place): one line
+        path = args.out or (os.path.join(args.runs[0], REPORT_FILE) if len(args.runs) == 1 else REPORT_FILE)
+        fault = io_fault(e, path)
+        if fault is None:
+            raise
+        print(f"atgrpo: error: could not write {path} ({fault[1]}): {remedy(fault[0], path)}", file=sys.stderr)
         return EXIT_INPUT
     print(f"report: {out} ({os.path.getsize(out) / 1e6:.1f} MB)")
     if args.screenshot:
@@ -234,7 +246,8 @@ def _report(debug: bool, line: str) -> None:
 def _main(argv: list[str], debug: bool) -> int:
     parser = _Parser(prog="atgrpo", description="AT-GRPO: on-policy RL for teams of LLM agents",
                      epilog="--debug (anywhere): print the traceback of an error. Exit status: 0 done, 1 unexpected "
-                            "error, 2 bad input (config, arguments, run directory, resources), 3 stopped on "
+                            "error, 2 bad input (config, arguments, run directory, resources) or a run's file that "
+                            "cannot be written (full disk, I/O error), 3 stopped on "
                             "non-finite updates, 4 Ray workers lost too often, 130 stopped by a signal (resumable)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     p = sub.add_parser("train", help="train a team (no config: the built-in CPU quickstart)")

@@ -11,7 +11,9 @@ The HTML report (``atgrpo report``) is built on this module, and a notebook can 
         node.prompt, node.kept.response, [c.advantage for c in node.candidates]
 
 A run in progress can be read too: ``summary`` is None until the run ends, and a line being written at the
-moment of reading (the last line of a JSON-lines file) is skipped. Nothing here imports torch.
+moment of reading (the last line of a JSON-lines file) is skipped. So is whatever a crash or a damaged disk
+left unreadable: a torn or garbled line, a truncated summary.json or config.yaml; ``skipped_lines`` counts them
+per file and ``skipped_note`` says so in one line. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class RunRecord:
     metrics: list[dict[str, Any]]  # one merged row per step, in step order (metrics.jsonl)
     transcripts: list[dict[str, Any]]  # eval_transcripts.jsonl: the latest held-out evaluation's episodes
     tree_steps: list[int]  # the steps whose rollouts were dumped (rollouts/step_<N>.jsonl), ascending
-    skipped_lines: dict[str, int] = field(default_factory=dict)  # file -> lines that were not valid JSON
+    skipped_lines: dict[str, int] = field(default_factory=dict)  # file -> lines (or files) that were unreadable
 
     @property
     def name(self) -> str:
@@ -111,6 +113,14 @@ class RunRecord:
                 if k.startswith("rollout/reward/"):
                     seen.setdefault(k.split("/", 2)[2], None)
         return list(seen)
+
+    def skipped_note(self) -> str | None:
+        """One line naming what was skipped as unreadable (None: nothing), e.g. after a crash tore a line."""
+        if not self.skipped_lines:
+            return None
+        what = ", ".join(f"{n} line(s) of {f}" if f.endswith(".jsonl") else f"{f} (unreadable)"
+                         for f, n in sorted(self.skipped_lines.items()))
+        return f"{self.path}: skipped what could not be read: {what}"
 
     def metric_names(self) -> list[str]:
         """Every metric name of any step, sorted."""
@@ -187,6 +197,8 @@ def load(path: str) -> RunRecord:
         if not config:
             skipped["config.yaml"] = 1  # unreadable: the page says so
     summary = _read_json(os.path.join(path, "summary.json"))
+    if os.path.exists(os.path.join(path, "summary.json")) and not isinstance(summary, dict):
+        skipped["summary.json"] = 1  # truncated or garbled: the run reads as in progress
     rows, bad = read_jsonl(os.path.join(path, "metrics.jsonl"))
     if bad:
         skipped["metrics.jsonl"] = bad

@@ -1,8 +1,10 @@
-"""A damaged run directory resumes from what is intact.
+"""A damaged run directory resumes from what is intact, and is read as far as it is readable.
 
 One finished 2-step run (checkpoints step_1 and step_2) is copied per case; a file of the newest checkpoint is
-damaged; ``atgrpo train --resume`` must skip that checkpoint with a warning naming it, continue from step_1,
-and write exactly the rows of the undamaged run. When every checkpoint is damaged: one clear error, exit 2.
+damaged (truncated, emptied, garbled, one byte changed, deleted); ``atgrpo train --resume`` must skip that
+checkpoint with a warning naming it, continue from step_1, and write exactly the rows of the undamaged run. When
+every checkpoint is damaged: one clear error, exit 2. Torn and garbled lines of the JSON-lines files (what a
+crash mid-write leaves) never stop ``atgrpo report`` or ``atgrpo.runs.load``: they skip them and say so.
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def _delete(path):
     os.remove(path)
 
 
+def _empty(path):
+    open(path, "w").close()
+
+
+def _garble(path):
+    """The same size, other bytes (a disk that returned junk)."""
+    size = os.path.getsize(path)
+    with open(path, "wb") as f:
+        f.write(bytes((i * 131 + 17) % 256 for i in range(size)))
+
+
 # (id, file in checkpoint/step_2, damage, what the warning names)
 CASES = [
     ("weights truncated", WEIGHTS, _truncate, "model.safetensors"),
@@ -73,6 +86,11 @@ CASES = [
     ("model config JSON truncated", os.path.join("shared", "config.json"), _truncate, "config.json"),
     ("policy file deleted", os.path.join("shared", "atgrpo_policy.json"), _delete, "atgrpo_policy.json"),
     ("manifest truncated", MANIFEST_FILE, _truncate, MANIFEST_FILE),
+    ("weights zero-length", WEIGHTS, _empty, "model.safetensors"),
+    ("optimizer and RNG state zero-length", ck.STATE_FILE, _empty, ck.STATE_FILE),
+    ("optimizer and RNG state garbled", ck.STATE_FILE, _garble, ck.STATE_FILE),
+    ("progress JSON garbled", ck.PROGRESS_FILE, _garble, ck.PROGRESS_FILE),
+    ("manifest garbled", MANIFEST_FILE, _garble, MANIFEST_FILE),
 ]
 
 
@@ -153,3 +171,52 @@ def test_truncated_metrics_line_and_deleted_summary_resume(run, base, capsys):
     assert "Traceback" not in capsys.readouterr().err
     assert _rows(run) == _rows(base)
     assert json.load(open(os.path.join(run, "summary.json")))["steps"] == 2
+
+
+def test_a_checkpoint_without_its_manifest_that_loads_is_resumed_from(run, base, capsys):
+    """A missing manifest alone (an older atgrpo's checkpoint) is no damage: the checkpoint is checked by loading,
+    loads, and the run continues from it."""
+    os.remove(os.path.join(run, "checkpoint", "step_2", MANIFEST_FILE))
+    capsys.readouterr()
+    assert main(["train", "--resume", run, "train.steps=3", "--quiet"]) == 0
+    assert "damaged" not in capsys.readouterr().err
+    assert [r["step"] for r in _rows(run)] == [1, 2, 3, 3]
+    assert _rows(run)[:2] == _rows(base)[:2]
+
+
+def test_torn_and_garbled_lines_never_stop_the_report_or_the_reader(run, capsys):
+    """A crash mid-write tears the last line of a JSON-lines file; a damaged disk garbles one: ``runs.load`` and
+    ``atgrpo report`` read every other line and say, in one warning line, what they skipped."""
+    from atgrpo import runs
+
+    rows = _rows(run)
+    for rel in ("metrics.jsonl", "eval_transcripts.jsonl", os.path.join("rollouts", "step_2.jsonl")):
+        with open(os.path.join(run, rel), "ab") as f:
+            f.write(b'{"step": 3, "loss/pg": 0.1')  # torn: no end, no newline
+    with open(os.path.join(run, "rollouts", "step_1.jsonl"), "r+b") as f:
+        f.seek(10)
+        f.write(b"\xff\xfe\x00garbled")  # the first line garbled
+    _truncate(os.path.join(run, "summary.json"))
+    record = runs.load(run)
+    assert [{k: v for k, v in r.items() if not k.startswith(("time/", "perf/"))} for r in record.metrics] == [
+        {**rows[0]}, {**rows[1], **rows[2]}]  # the steps' rows, the final evaluation merged into step 2
+    assert record.summary is None and len(record.transcripts) == 6  # eval.problems=6: every full line
+    assert record.trees(1) and record.trees(2)
+    assert record.skipped_lines == {"metrics.jsonl": 1, "eval_transcripts.jsonl": 1, "summary.json": 1,
+                                    "rollouts/step_1.jsonl": 1, "rollouts/step_2.jsonl": 1}
+    capsys.readouterr()
+    assert main(["report", run, "--out", os.path.join(run, "r.html")]) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == [f"atgrpo: warning: {run}: skipped what could not be read: 1 line(s) of eval_transcripts.jsonl, "
+                   f"1 line(s) of metrics.jsonl, 1 line(s) of rollouts/step_1.jsonl, 1 line(s) of "
+                   f"rollouts/step_2.jsonl, summary.json (unreadable)"], err
+
+
+def test_a_report_that_cannot_be_written_is_one_line(run, capsys):
+    """``atgrpo report --out`` onto a directory (and so a full disk): exit 2, one line naming the file and the cause."""
+    out = os.path.join(run, "taken")
+    os.makedirs(os.path.join(out, "something"))
+    capsys.readouterr()
+    assert main(["report", run, "--out", out]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert err == [f"atgrpo: error: could not write {out} (Is a directory): move away what is in the way at {out}"]

@@ -1,8 +1,10 @@
 """Recovery without a person (``system.ray.max_failures``, atgrpo/trainer/recovery.py) on a local 2-CPU Ray
 instance: real runs (``train``) whose rollout or update worker is SIGKILLed in the middle of its work (a forward
 hook armed through Ray, ``ray_helpers.die_in_forward``) rebuild their pools, go back to the last checkpoint, redo
-the steps since, and write exactly the rows of an undisturbed run; past ``max_failures`` the run stops with one
-line naming the worker, the cause and the checkpoint; a killed driver continues with ``--resume``.
+the steps since, and write exactly the rows of an undisturbed run (also when the worker dies as a checkpoint
+begins: the workers write no file, the driver pulls their optimizer states and writes it); past ``max_failures``
+the run stops with one line naming the worker, the cause and the checkpoint; a killed driver continues with
+``--resume``.
 
 One Ray instance for the module; every run starts its own workers (1 policy x (1 rollout + 2 update) + 1
 environment worker, 1/8 CPU each).
@@ -97,6 +99,30 @@ def test_an_fsdp_rank_killed_mid_update_is_recovered(cluster, tmp_path, tmp_path
     before_step(monkeypatch, 4, lambda state: kill_worker(state.backend, "shared", "update", 1))
     summary = train(load_config(None, FSDP), out, progress=False)
     _recovered_once(out, summary, "update worker 1 of policy 'shared'")
+    _same_run(out, ref)
+
+
+def test_an_update_worker_killed_inside_a_checkpoint_is_recovered(cluster, tmp_path, tmp_path_factory, monkeypatch):
+    """Step 4's checkpoint starts by pulling the optimizer states from rank 0 of the update workers; that worker is
+    SIGKILLed as the checkpoint begins: the pull fails, nothing of step 4's checkpoint is written, the run
+    recovers from step 2 and ends as an undisturbed run."""
+    from atgrpo.trainer.ray.driver import RayBackend
+
+    ref = undisturbed(RUN, tmp_path_factory)
+    out, real, killed = str(tmp_path / "run"), RayBackend.pull_state, []
+
+    def pull_state(self, state):
+        if state.step == 4 and not killed:
+            worker = self.pools["shared"].update[0]
+            pid = ray.get(worker.__ray_call__.remote(lambda w: os.getpid()))
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return real(self, state)
+    monkeypatch.setattr(RayBackend, "pull_state", pull_state)
+    summary = train(load_config(None, RUN), out, progress=False)
+    assert killed, "the worker was not killed"
+    [rec] = summary["recoveries"]
+    assert (rec["failed_step"], rec["restored_step"], rec["worker"]) == (4, 2, "update worker 0 of policy 'shared'")
     _same_run(out, ref)
 
 

@@ -10,6 +10,7 @@ the kept one and the environment's feedback) and the held-out transcripts. Built
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from ..runs import load
 from ..trainer.atomic_files import atomic_write_text
@@ -22,9 +23,12 @@ REPORT_FILE = "report.html"
 
 
 def write_report(run_dirs: list[str] | str, out: str | None = None, tree_budget: int = TREE_BUDGET,
-                 transcript_budget: int = TRANSCRIPT_BUDGET, max_tree_steps: int = MAX_TREE_STEPS) -> str:
+                 transcript_budget: int = TRANSCRIPT_BUDGET, max_tree_steps: int = MAX_TREE_STEPS,
+                 warn: Callable[[str], None] | None = None) -> str:
     """Write the report of ``run_dirs`` to ``out`` (default: ``RUN/report.html`` for one run, ``report.html``
-    here for several) and return its path. Raises ``atgrpo.runs.NotARunError`` for a directory without a run."""
+    here for several) and return its path. Raises ``atgrpo.runs.NotARunError`` for a directory without a run.
+    What could not be read (a torn line, a garbled file) is skipped: the page says so, and so does ``warn``
+    (one line per run) when given."""
     dirs = [run_dirs] if isinstance(run_dirs, str) else list(run_dirs)
     if not dirs:
         raise ValueError("write_report needs at least one run directory")
@@ -32,6 +36,10 @@ def write_report(run_dirs: list[str] | str, out: str | None = None, tree_budget:
     if out is None:
         out = os.path.join(dirs[0], REPORT_FILE) if len(dirs) == 1 else REPORT_FILE
     data = report_data(records, tree_budget, transcript_budget, max_tree_steps)
+    for r in records:  # after report_data: the rollout files it read count too
+        note = r.skipped_note()
+        if note and warn is not None:
+            warn(note)
     title = "atgrpo report: " + ", ".join(r.name for r in records)
     atomic_write_text(out, render(data, title))
     return out

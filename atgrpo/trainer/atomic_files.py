@@ -4,6 +4,7 @@ POSIX); a file is replaced the same way. ``verify_dir`` checks a directory again
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,28 +37,41 @@ def temporary_name(parent: str, base: str) -> str:
     return os.path.join(parent, f"{TMP_PREFIX}{base}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def write_dir_atomically(final: str, write: Callable[[str], None]) -> None:
+def write_dir_atomically(final: str, write: Callable[[str], None], at: Callable[[str], None] | None = None) -> None:
     """Run ``write(tmp_dir)``, write its manifest last, fsync everything, then rename ``tmp_dir`` to ``final``
-    (replacing it)."""
+    (replacing it). ``at(stage)`` is called as each stage starts: ``manifest``, ``fsync``, ``rename`` (and
+    ``moved-aside`` between the two renames of a replace)."""
+    at = at or (lambda stage: None)
     parent, base = os.path.split(os.path.abspath(final))
     os.makedirs(parent, exist_ok=True)
     tmp = temporary_name(parent, base)
     os.mkdir(tmp)
+    old = None
     try:
         write(tmp)
+        at("manifest")
         write_manifest(tmp)
+        at("fsync")
         _fsync_tree(tmp)
+        at("rename")
         if os.path.exists(final):  # replace: move the old one aside first (a dir cannot be renamed onto one)
             old = temporary_name(parent, base + "-old")
             os.rename(final, old)
-            os.rename(tmp, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+            at("moved-aside")
+        os.rename(tmp, final)
         _fsync_path(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not os.path.exists(final):  # failed between the two renames: the old one back
+            with contextlib.suppress(OSError):
+                os.rename(old, final)
         raise
+    if old is not None:
+        if os.path.isdir(old):
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.remove(old)
 
 
 def atomic_write_text(path: str, text: str) -> None:
@@ -72,7 +86,7 @@ def atomic_write_text(path: str, text: str) -> None:
         os.replace(tmp, path)
         _fsync_path(parent)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(OSError):  # the disk that failed the write may fail this too: the first error counts
             os.remove(tmp)
         raise
 

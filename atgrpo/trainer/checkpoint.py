@@ -120,13 +120,13 @@ def load_model_weights(model: torch.nn.Module, path: str) -> None:
     model.load_state_dict(AutoModelForCausalLM.from_pretrained(path).state_dict())
 
 
-def save_references(run_dir: str, state: "TrainState") -> None:
+def save_references(run_dir: str, state: "TrainState", at: Callable[[str], None] | None = None) -> None:
     """The frozen KL references, once (they never change during the run)."""
     def write(tmp: str) -> None:
         with _no_hf_progress_bars():
             for pid, ref in state.references.items():
                 ref.model.save_pretrained(os.path.join(tmp, pid))
-    write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "reference"), write)
+    write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "reference"), write, at)
 
 
 def load_references(run_dir: str, state: "TrainState") -> dict:
@@ -194,25 +194,52 @@ def latest_checkpoint(run_dir: str) -> Checkpoint | None:
     return ckpts[-1] if ckpts else None
 
 
-def save_checkpoint(run_dir: str, state: "TrainState", progress: dict[str, Any], keep: int) -> str:
-    """Write ``checkpoint/step_<state.step>`` atomically, then drop all but the newest ``keep``."""
+def save_checkpoint(run_dir: str, state: "TrainState", progress: dict[str, Any], keep: int,
+                    at: Callable[[str], None] | None = None) -> str:
+    """Write ``checkpoint/step_<state.step>`` atomically, then drop all but the newest ``keep``. ``at(stage)`` is
+    called as each stage starts (``CHECKPOINT_STAGES``): what a failure names, and where a test can crash it."""
+    at = at or (lambda stage: None)
     path = os.path.join(run_dir, CHECKPOINT_DIR, f"step_{state.step}")
 
     def write(tmp: str) -> None:
+        at("policies")
         save_policies(state, tmp)
-        torch.save({"format": FORMAT, "step": state.step,
-                    "optimizers": {pid: opt.state_dict() for pid, opt in state.optimizers.items()},
-                    "rng": rng_states(state.generator)}, os.path.join(tmp, STATE_FILE))
+        at("trainer_state")
+        with open(os.path.join(tmp, STATE_FILE), "wb") as f:  # a file object: a full disk's OSError is kept
+            torch.save({"format": FORMAT, "step": state.step,  # (a path: torch's RuntimeError, errno lost)
+                        "optimizers": {pid: opt.state_dict() for pid, opt in state.optimizers.items()},
+                        "rng": rng_states(state.generator)}, f)
+        at("progress")
         with open(os.path.join(tmp, PROGRESS_FILE), "w") as f:
             json.dump({"format": FORMAT, **progress, "step": state.step}, f)
 
-    write_dir_atomically(path, write)
+    write_dir_atomically(path, write, at)
+    at("prune")
+    drop_old_checkpoints(run_dir, keep, at)
+    at("done")
+    return path
+
+
+def drop_old_checkpoints(run_dir: str, keep: int, at: Callable[[str], None] | None = None) -> None:
+    """Remove all but the newest ``keep`` step checkpoints (after a new one; on a resume, those a run killed
+    between its checkpoint and this left)."""
     ckpts = list_checkpoints(run_dir)
     for old in ckpts[:max(0, len(ckpts) - keep)]:
         trash = temporary_name(os.path.dirname(old.path), os.path.basename(old.path) + "-drop")
         os.rename(old.path, trash)  # renamed first: a half-deleted checkpoint never looks complete
+        if at is not None:
+            at("dropping")
         shutil.rmtree(trash, ignore_errors=True)
-    return path
+
+
+# the stages of a checkpoint's write, in order (``save_checkpoint``'s ``at``; ``moved-aside`` only when a stale
+# directory of the same name is replaced, ``dropping`` once per older checkpoint dropped)
+CHECKPOINT_STAGES = ("policies", "trainer_state", "progress", "manifest", "fsync", "rename", "moved-aside", "prune",
+                     "dropping", "done")
+STAGE_FILES = {"policies": "the policies' weights and config", "trainer_state": STATE_FILE,
+               "progress": PROGRESS_FILE, "manifest": "manifest.json", "fsync": "fsync",
+               "rename": "its rename into place", "moved-aside": "its rename into place",
+               "prune": "removing older checkpoints", "dropping": "removing older checkpoints", "done": "done"}
 
 
 def step_dirs(run_dir: str) -> list[Checkpoint]:

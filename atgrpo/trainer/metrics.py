@@ -39,9 +39,16 @@ class MetricsLogger:
             self._mlflow = _start_mlflow(run_dir, logging, flat)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, **metrics}
+        self.append(step, metrics)
+        self.to_backends(step, metrics)
+
+    def append(self, step: int, metrics: dict[str, Any]) -> None:
+        """The row to metrics.jsonl (one line, appended)."""
         with open(self.path, "a") as f:
-            f.write(_line(row))
+            f.write(_line({"step": step, **metrics}))
+
+    def to_backends(self, step: int, metrics: dict[str, Any]) -> None:
+        """The row's finite numbers to TensorBoard, wandb, mlflow (those in use)."""
         scalars = {k: float(v) for k, v in metrics.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         if self._tb is not None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from .checkpoint import latest_checkpoint, restore_newest_intact
 from .metrics import MetricsLogger
 from .run_dir import warn
+from .write_faults import stop_on_write_error
 
 if TYPE_CHECKING:
     from .ray.faults import WorkerLost
@@ -56,8 +57,9 @@ def recover(run: Run, lost: WorkerLost, failed_step: int) -> Recovery:
     run.rows, run.evals = prog["rows"], [tuple(e) for e in prog["evals"]]
     run.nonfinite, run.saved = int(prog.get("nonfinite", 0)), ckpt.step
     run.logger.close()  # metrics.jsonl (and TensorBoard) back to the checkpoint's rows, as a resume does
-    run.logger = MetricsLogger(run.run_dir, cfg.train.tensorboard, rows=prog["rows"], purge_step=ckpt.step + 1,
-                               logging=cfg.logging, params=cfg.to_dict())
+    with stop_on_write_error(run.logger.path, run.run_dir, f"while recovering at step {failed_step}"):
+        run.logger = MetricsLogger(run.run_dir, cfg.train.tensorboard, rows=prog["rows"], purge_step=ckpt.step + 1,
+                                   logging=cfg.logging, params=cfg.to_dict())
     rec = Recovery(failed_step, ckpt.step, lost.worker, lost.cause, time.time() - run.saved_at)
     run.recoveries.append(rec)
     run.lost_s, run.saved_at = run.lost_s + rec.seconds_lost, time.time()  # a next loss counts from here

@@ -10,9 +10,12 @@ steps and at the end: what ``--resume`` continues from, see checkpoint.py), chec
 Reliability: one run per directory (a lock held for the run's life); a resumed run continues from its last
 checkpoint and writes the same metrics rows as an uninterrupted one (everything random in a step comes from
 the restored generator and ``problem_seed``); SIGINT / SIGTERM stop between steps after a checkpoint; a run
-stops with ``NonFiniteError`` after ``train.max_nonfinite`` skipped non-finite updates; a checkpoint that cannot be
-written (a full disk) stops it with ``CheckpointWriteError``, the previous checkpoint intact. On the Ray backend a
-lost rollout or update worker or node is recovered from without a person (``recovery.py``).
+stops with ``NonFiniteError`` after ``train.max_nonfinite`` skipped non-finite updates; a file of the run that
+cannot be written (a full disk, an I/O error, a read-only directory, a directory in its place) stops it with one
+line (``write_faults.RunWriteError``; a checkpoint: ``CheckpointWriteError``), what was written before intact
+(report.html and the plot, views made again from the run's files, only warn). ``failpoints.py`` names the points
+a test crashes a run at. On the Ray backend a lost rollout or update worker or node is recovered from without a
+person (``recovery.py``).
 """
 
 from __future__ import annotations
@@ -28,11 +31,12 @@ from typing import Any, Callable
 import yaml
 
 from ..config import Config
-from .active_run import CheckpointWriteError, NonFiniteError, Run
+from .active_run import CheckpointWriteError, NonFiniteError, Run, refresh_report
 from .atomic_files import atomic_write_text, write_dir_atomically
-from .checkpoint import (CHECKPOINT_DIR, Checkpoint, load_references, remove_leftovers,
+from .checkpoint import (CHECKPOINT_DIR, Checkpoint, drop_old_checkpoints, load_references, remove_leftovers,
                          restore_newest_intact, save_policies, save_references)
 from .evaluate import run_eval
+from .failpoints import failpoint
 from .memory import peak_rss_mib, phase
 from .metrics import MetricsLogger, plot_curves
 from .recovery import RecoveryExhausted, recover
@@ -42,6 +46,7 @@ from .run_dir import (LOCK_FILE, RESOLVED_AT_START, ResumeError, RunError, RunLo
 from .state import TrainState, build_state_checked, check_model_path
 from .step import train_step
 from .warmstart import warm_start
+from .write_faults import stop_on_write_error, warn_on_write_error
 
 __all__ = ["train", "NonFiniteError", "TrainingInterrupted", "CheckpointWriteError", "RecoveryExhausted"]
 
@@ -144,11 +149,25 @@ def _train(cfg: Config, run_dir: str, progress: bool, resume: bool, stop: StopOn
             with phase("eval_after", run.summary.setdefault("peak_rss_mb", {})):
                 after, episodes = run_eval(run.state, cfg.seed)
         run.evals.append((cfg.train.steps, after["success_rate"]))
-        run.logger.log(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
-    finally:
-        run.logger.close()
-        run.state.backend.close()
+        run.log_row(cfg.train.steps, {f"eval/{k}": v for k, v in after.items()})
+    except BaseException:
+        _close(run, failing=True)
+        raise
+    _close(run, failing=False)
     return _finish(run, after, episodes, start)
+
+
+def _close(run: Run, failing: bool) -> None:
+    """Close the loggers, then the backend (Ray workers, vLLM engines). While the run is failing, a logger that
+    cannot close (its disk failed too) is a warning: the error that stopped the run is the one to report."""
+    try:
+        run.logger.close()
+    except Exception as e:
+        if not failing:
+            raise
+        warn(f"atgrpo: warning: the loggers of {run.run_dir} did not close: {one_line(e)}")
+    finally:
+        run.state.backend.close()
 
 
 def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Callable[..., None],
@@ -168,11 +187,14 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
         done = _finished_summary(run_dir)
         if found is not None:
             ckpt, prog = found
+            with stop_on_write_error(os.path.join(run_dir, CHECKPOINT_DIR), run_dir, "while resuming"):
+                drop_old_checkpoints(run_dir, cfg.train.keep_checkpoints)  # a kill may have left one too many
             if ckpt.step > cfg.train.steps:
                 raise ResumeError(f"train.steps={cfg.train.steps} is below the step of the last checkpoint "
                                   f"({ckpt.step}, {ckpt.path})")
             if done is not None and done.get("steps") == ckpt.step == cfg.train.steps:
                 say(f"atgrpo: {run_dir} already finished at step {ckpt.step}; pass train.steps=N to extend it")
+                refresh_report(run_dir)  # a run killed after summary.json, before its last report.html
                 return done
         elif done is not None:  # no checkpoint: a finished run whose checkpoints were removed is never started over
             if done.get("steps") == cfg.train.steps:
@@ -180,11 +202,15 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
                 return done
             raise ResumeError(f"{run_dir} finished at step {done.get('steps')} and holds no checkpoint to "
                               f"continue from (they were removed); start the longer run with another --out")
-    os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
+    where = "while resuming" if resume else "before its first step"
+    with stop_on_write_error(os.path.join(run_dir, "rollouts"), run_dir, where, kept=resume):
+        os.makedirs(os.path.join(run_dir, "rollouts"), exist_ok=True)
     if ckpt is not None:
         _keep_changed_config(run_dir, cfg, ckpt.step)
-    atomic_write_text(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    with stop_on_write_error(os.path.join(run_dir, "config.yaml"), run_dir, where, kept=resume):
+        atomic_write_text(os.path.join(run_dir, "config.yaml"), yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     started.append(True)
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
     n_params = {pid: p.num_parameters() for pid, p in state.policies.items()}
     say(f"atgrpo: env={cfg.env.name} sharing={cfg.policy.sharing} agents->policies={state.agent_to_policy} "
         f"params={n_params} run_dir={run_dir}")
@@ -200,13 +226,15 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
             summary["warmstart"] = prog["warmstart"]
         summary["resumed_from_step"] = ckpt.step
         summary["eval_before"] = prog["eval_before"]
-        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=prog["rows"], purge_step=ckpt.step + 1,
-                               logging=cfg.logging, params=cfg.to_dict())
+        with stop_on_write_error(metrics_path, run_dir, where):
+            logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=prog["rows"], purge_step=ckpt.step + 1,
+                                   logging=cfg.logging, params=cfg.to_dict())
         say(f"resumed from {ckpt.path} (step {ckpt.step} of {cfg.train.steps})")
         return Run(cfg, run_dir, state, logger, summary, prog["eval_before"], prog["rows"],
                    [tuple(e) for e in prog["evals"]], int(prog.get("nonfinite", 0)), ckpt.step, say)
-    logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None,
-                           logging=cfg.logging, params=cfg.to_dict())
+    with stop_on_write_error(metrics_path, run_dir, where):
+        logger = MetricsLogger(run_dir, cfg.train.tensorboard, rows=[], purge_step=0 if resume else None,
+                               logging=cfg.logging, params=cfg.to_dict())
     stop.stop_point = "the warm start and the evaluation before RL"
     if cfg.warmstart.enabled and cfg.warmstart.episodes > 0:
         t = time.time()
@@ -216,9 +244,11 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
         summary["warmstart"] = {"loss": losses, "seconds": time.time() - t}
         say(f"warm start done in {time.time() - t:.0f}s; final loss " +
             ", ".join(f"{p}={v[-1]:.3f}" for p, v in losses.items() if v))
+    failpoint("run.warmstarted", 0)
     if cfg.algo.kl_coef > 0:
         state.references = {pid: copy.deepcopy(p) for pid, p in state.policies.items()}
-        save_references(run_dir, state)
+        with stop_on_write_error(os.path.join(run_dir, CHECKPOINT_DIR, "reference"), run_dir, where):
+            save_references(run_dir, state, lambda stage: failpoint(f"reference.{stage}", 0))
     t = time.time()
     say(f"eval before: {cfg.eval.problems} held-out problems, one greedy episode each ...")
     with phase("eval_before", summary.setdefault("peak_rss_mb", {})):
@@ -230,6 +260,7 @@ def _open(cfg: Config, run_dir: str, resume: bool, started: list[bool], say: Cal
     run = Run(cfg, run_dir, state, logger, summary, before, [], [(0, before["success_rate"])], 0, None, say,
               before_episodes=episodes)
     run.evaluated(0, episodes)
+    failpoint("run.evaluated", 0)
     return run
 
 
@@ -270,6 +301,7 @@ def _steps(run: Run, stop: StopOnSignal, at: list[int]) -> None:
         if stop.requested:
             break
         at[0] = step
+        failpoint("step.start", step)
         result = train_step(state, step)
         state.step = step
         eval_episodes = None
@@ -289,6 +321,7 @@ def _steps(run: Run, stop: StopOnSignal, at: list[int]) -> None:
         del result  # the samples: free them before the checkpoint
         if eval_episodes is not None:
             run.evaluated(step, eval_episodes)
+            failpoint("step.eval", step)
         run.count_nonfinite(step, skipped)
         if (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0) or step == cfg.train.steps:
             run.checkpoint()
@@ -304,11 +337,21 @@ def _finish(run: Run, after: dict[str, float], episodes: list, start: float) -> 
         summary.setdefault("peak_rss_mb", {})["process"] = peak
     if cfg.system.backend == "ray":
         summary["recoveries"] = [vars(r) for r in run.recoveries]
-    write_dir_atomically(os.path.join(run_dir, CHECKPOINT_DIR, "final"), lambda d: save_policies(run.state, d))
+    final, end = os.path.join(run_dir, CHECKPOINT_DIR, "final"), "after its last step"
+    with run.writing(final, where=end):
+        write_dir_atomically(final, lambda d: save_policies(run.state, d),
+                             lambda stage: failpoint(f"final.{stage}", cfg.train.steps))
     if cfg.train.plot and run.rows:
-        summary["plot"] = plot_curves(run_dir, run.rows, run.evals)
-    atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
-    run.evaluated(cfg.train.steps, episodes)  # eval_transcripts.jsonl and report.html, with the summary
+        plot = os.path.join(run_dir, "learning_curves.png")
+        with warn_on_write_error(plot, "the plot is a view of metrics.jsonl; report.html shows the same curves"):
+            summary["plot"] = plot_curves(run_dir, run.rows, run.evals)
+    run.write_transcripts(cfg.train.steps, episodes, where=end)
+    failpoint("run.transcripts", cfg.train.steps)
+    with run.writing(os.path.join(run_dir, "summary.json"), where=end):  # last: it marks the run finished
+        atomic_write_text(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
+    failpoint("run.summary", cfg.train.steps)
+    refresh_report(run_dir)  # with the summary
+    failpoint("run.end", cfg.train.steps)
     run.say(f"eval after: success {after['success_rate']:.3f} (before {run.before['success_rate']:.3f}); "
             f"{summary['wall_seconds']:.0f}s; outputs in {run_dir}")
     return summary
