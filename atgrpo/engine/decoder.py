@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from ..policies.attention_part import attend
 from ..policies.cascade import Branches
+from . import kernels
 from .weights import DecoderWeights
 
 
@@ -45,13 +46,20 @@ class DecodeState:
     branches' own keys/values (``own``), which prompt each live row continues (``branches``), and the step."""
 
     def __init__(self, prompt_k: list[torch.Tensor], prompt_v: list[torch.Tensor], prompt_mask: torch.Tensor,
-                 rows: int, max_new_tokens: int, dtype: torch.dtype):
+                 rows: int, max_new_tokens: int, dtype: torch.dtype, kernel: bool = False):
         G, Hkv, P, D = prompt_k[0].shape
         self.prompt_k, self.prompt_v = prompt_k, prompt_v
         self.branches = Branches(prompt_mask, torch.arange(G, device=prompt_mask.device))
         self.prompt_bias = self.branches.prompt_bias.to(dtype)  # (G, 1, 1, P): 0 on tokens, -inf on padding
         self.own = prompt_k[0].new_zeros((len(prompt_k), 2, rows, Hkv, max_new_tokens, D), dtype=dtype)
         self.t = 0  # positions written per branch
+        # the CPU kernel (kernels.py) reads each prompt's keys transposed and its length (its mask a prefix)
+        self.prompt_kt, self.prompt_len = None, None
+        lens = prompt_mask.sum(1)
+        if kernel and bool((prompt_mask == (torch.arange(P, device=lens.device) < lens[:, None])).all()):
+            self.prompt_kt = [kernels.transpose_keys(k.contiguous()) for k in prompt_k]
+            self.prompt_v = [v.contiguous() for v in prompt_v]
+            self.prompt_len = lens.long()
 
     def expand(self, n: int) -> None:
         """Each prompt's ``n`` branches as adjacent rows (after the prefill)."""
@@ -149,8 +157,10 @@ class Decoder:
         brought up to date here serve all the state's steps."""
         self.weights.current()
         dt = self.attn_dtype
+        kernel = (prompt_k[0].device.type == "cpu" and dt in (torch.float32, torch.bfloat16)
+                  and kernels.module() is not None)
         return DecodeState([k.to(dt) for k in prompt_k], [v.to(dt) for v in prompt_v], prompt_mask, rows,
-                           max_new_tokens, dt)
+                           max_new_tokens, dt, kernel)
 
     @torch.no_grad()
     def step(self, st: DecodeState, tok: torch.Tensor, pos: torch.Tensor, static: bool = False,
@@ -173,9 +183,11 @@ class Decoder:
             own_len = st.own.shape[-2]
         else:
             own_bias, own_len = None, st.t + 1
+        fused = st.prompt_kt is not None  # the CPU kernels (kernels.py) serve this state
+        a = None  # the last MLP's output, added to the residual stream with the next norm
         for li, w in enumerate(layers):
             with part("norm"):
-                x = _rms_norm(w.input_norm, h).to(ldt)
+                h, x = _add_norm(w.input_norm, h, a, ldt, fused)
             with part("matmul"):
                 qkv = w.qkv(x).view(A, H + 2 * Hkv, D)
             with part("embed_rotary"):
@@ -190,24 +202,25 @@ class Decoder:
                     own_k[:, :, st.t] = k
                     own_v[:, :, st.t] = v
             with part("attention"):
-                o = self._attention(st, q, own_k[:, :, :own_len], own_v[:, :, :own_len], li, own_bias).to(ldt)
+                if st.prompt_kt is not None and not static:  # both parts in one call of the CPU kernel
+                    o = kernels.decode_attention(q.contiguous(), st.prompt_kt[li], st.prompt_v[li], st.prompt_len,
+                                                 own_k, own_v, own_len, st.branches.row_prompt, self.scale).to(ldt)
+                else:
+                    o = self._attention(st, q, own_k[:, :, :own_len], own_v[:, :, :own_len], li, own_bias).to(ldt)
             with part("matmul"):
                 o = w.o(o)
             with part("norm"):
-                h = h + o
-                x = _rms_norm(w.post_norm, h).to(ldt)
+                h, x = _add_norm(w.post_norm, h, o, ldt, fused)
             with part("matmul"):
                 g, u = w.gate_up(x).chunk(2, -1)
             with part("activation"):
                 a = F.silu(g) * u
             with part("matmul"):
                 a = w.down(a)
-            with part("norm"):
-                h = h + a
         if not static:
             st.t += 1
         with part("norm"):
-            h = _rms_norm(self.norm, h)
+            h = _add_norm(self.norm, h, a, h.dtype, fused)[1]
         with part("head"):
             return self.weights.head(h)
 
@@ -234,6 +247,20 @@ class Decoder:
         out = q.new_empty((A, H * D), dtype=torch.float32)
         torch.lerp(o_r.float(), o_p.float(), w, out=out.view(o_r.shape))
         return out
+
+
+def _add_norm(norm: torch.nn.Module, h: torch.Tensor, delta: torch.Tensor | None, dtype: torch.dtype, fused: bool
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``h + delta`` (``delta`` None: ``h``) and its norm in ``dtype``; with ``fused`` (the CPU
+    kernels) and a float32 RMSNorm on a float32 stream, one call of ``kernels.add_rms_norm`` (``h`` updated in
+    place)."""
+    w, eps = getattr(norm, "weight", None), getattr(norm, "variance_epsilon", None)
+    if (fused and eps is not None and w is not None and w.dtype == torch.float32 and h.dtype == torch.float32
+            and dtype in (torch.float32, torch.bfloat16)):
+        return h, kernels.add_rms_norm(h, delta, w, eps, dtype)
+    if delta is not None:
+        h = h + delta
+    return h, _rms_norm(norm, h).to(dtype)
 
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,103 @@
+"""The native engine's own CPU kernel: a decoding step's cascade attention, both parts and the merge in one call.
+
+At a table cell's shape (16 rows, prompts of ~1,000 tokens, SmolLM2's 9 query heads over 3 key/value heads) torch's
+fused attention ran the prompt part at 75-90 GFLOP/s, and the own part and the merge (a second fused call, a
+sigmoid, a lerp, casts) cost more than the prompt part for a fraction of its work: per layer a few dozen
+operations of microseconds each. ``decode_attention.cpp`` does it all in one pass per (prompt, key/value head):
+the queries of the prompt's rows and of the head's query heads read each tile of the prompt's keys once, then each
+row its own keys; the softmax is online (float32), so the two parts need no merge.
+
+The kernel is compiled once per machine at first use (``torch.utils.cpp_extension.load_inline``, about a minute;
+``-O3 -march=native``, cached by torch under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, under
+a name that carries the CPU's flags).
+Where it cannot be built (no compiler, a failed build) or is switched off (``ATGRPO_NATIVE_KERNELS=0``) the
+decoder runs its torch path, with one note on stderr saying why; ``available()`` says which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import threading
+from pathlib import Path
+
+import torch
+
+_SOURCE = Path(__file__).with_name("decode_attention.cpp")
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def _build():
+    from torch.utils.cpp_extension import load_inline
+
+    from ..hardware import cpu_flags
+
+    # built for this CPU (-march=native): its name carries the CPU's flags, so that a cache directory shared by
+    # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run
+    tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
+    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp"]  # OpenMP: at::parallel_for
+    return load_inline(name=f"atgrpo_decode_attention_{tag}", cpp_sources=[_SOURCE.read_text()],
+                       functions=["decode_attention", "add_rms_norm", "bf16_pairs"], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                       verbose=False)
+
+
+def module():
+    """The compiled kernel module, or None (switched off, or the build failed: said once on stderr)."""
+    if "module" in _state:
+        return _state["module"]
+    with _lock:
+        if "module" not in _state:
+            mod, why = None, None
+            if os.environ.get("ATGRPO_NATIVE_KERNELS", "1") == "0":
+                why = "ATGRPO_NATIVE_KERNELS=0"
+            else:
+                try:
+                    mod = _build()
+                except Exception as e:  # noqa: BLE001 - no compiler, a failed build: the torch path serves
+                    why = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+                    print(f"atgrpo: note: the native engine's CPU attention kernel could not be built ({why}); "
+                          "decoding uses torch's attention (slower)", file=sys.stderr)
+            _state["module"], _state["why"] = mod, why
+    return _state["module"]
+
+
+def available() -> tuple[bool, str | None]:
+    """(whether the kernel runs, why not)."""
+    return module() is not None, _state.get("why")
+
+
+def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``h += delta`` in place (the residual stream, float32 ``(A, C)``; ``delta`` float32 or bfloat16, or None),
+    then ``h / rms(h) * weight`` in ``dtype`` (float32 or bfloat16): a decoding step's residual add, RMSNorm and
+    cast in one call instead of eight."""
+    return module().add_rms_norm(h, delta, weight, eps, dtype == torch.bfloat16)
+
+
+def transpose_keys(k: torch.Tensor) -> torch.Tensor:
+    """A prompt's keys ``(G, Hkv, P, D)`` as the kernel reads them: blocks of 16 keys, each block transposed and
+    contiguous, ``(G, Hkv, ceil(P / 16), D, 16)`` (zeros after P): a block is one run of memory, which the CPU's
+    prefetchers follow, and 16 keys' values of one dimension are one vector. bfloat16 keys on a CPU with
+    AVX512-BF16 go in pairs of dimensions, ``(..., D / 2, 16, 2)`` (viewed as ``(..., D, 16)``): two dimensions of
+    16 keys are one vector of the dot-product instruction."""
+    G, Hkv, P, D = k.shape
+    nb = -(-P // 16)
+    out = k.new_zeros((G, Hkv, nb * 16, D))
+    out[:, :, :P] = k
+    blocks = out.view(G, Hkv, nb, 16, D)
+    if k.dtype == torch.bfloat16 and module().bf16_pairs():
+        return blocks.view(G, Hkv, nb, 16, D // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(G, Hkv, nb, D, 16)
+    return blocks.transpose(-1, -2).contiguous()
+
+
+def decode_attention(q: torch.Tensor, prompt_kt: torch.Tensor, prompt_v: torch.Tensor, prompt_len: torch.Tensor,
+                     own_k: torch.Tensor, own_v: torch.Tensor, own_len: int, row_prompt: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Softmax attention of each row's queries ``q  # (A, H, D)`` over its prompt's keys ``prompt_kt  # (G, Hkv,
+    P / 16, D, 16)`` (``transpose_keys``) and values ``prompt_v  # (G, Hkv, P, D)``, the first ``prompt_len[g]`` positions
+    (``prompt_len  # (G,) int64``), and over its own keys/values ``own_k/v  # (A, Hkv, T, D)`` (the first
+    ``own_len``), row ``r`` continuing prompt ``row_prompt[r]``. Returns ``(A, H * D)`` float32. q and the
+    keys/values in one dtype, float32 or bfloat16, contiguous."""
+    return module().decode_attention(q, prompt_kt, prompt_v, prompt_len, own_k, own_v, own_len, row_prompt, scale)

@@ -1,0 +1,77 @@
+"""The native engine's CPU attention kernel (atgrpo/engine/kernels.py, decode_attention.cpp): each row's softmax
+over its prompt's keys and its own keys against a float64 reference, float32 and bfloat16, AVX-512 and generic
+paths (a head dimension that is not a multiple of 16), prompts of different lengths, rows in any order; and the
+decoder with the kernel against the decoder on torch's attention: the same tokens in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atgrpo.engine import kernels
+
+pytestmark = pytest.mark.skipif(kernels.module() is None, reason=f"kernel not built: {kernels.available()[1]}")
+
+
+def _reference(q, pk, pv, plen, ok, ov, own_len, rows, scale):
+    A, H, D = q.shape
+    n_rep = H // pk.shape[1]
+    out = torch.empty(A, H, D, dtype=torch.float64)
+    for r in range(A):
+        g, L = int(rows[r]), int(plen[rows[r]])
+        for h in range(H):
+            kv = h // n_rep
+            k = torch.cat([pk[g, kv, :L], ok[r, kv, :own_len]]).double()
+            v = torch.cat([pv[g, kv, :L], ov[r, kv, :own_len]]).double()
+            out[r, h] = torch.softmax(q[r, h].double() @ k.T * scale, -1) @ v
+    return out.view(A, H * D)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 24])
+def test_kernel_equals_one_softmax_over_both_parts(dtype, D):
+    g = torch.Generator().manual_seed(D)
+    G, Hkv, n_rep, P, T = 3, 2, 3, 53, 37
+    rows = torch.tensor([2, 0, 0, 1, 2, 2, 0])  # any order; prompt 1 has one row
+    plen = torch.tensor([53, 17, 1])
+    A = len(rows)
+    q = (3 * torch.randn(A, Hkv * n_rep, D, generator=g)).to(dtype)  # large scores: the softmax is peaked
+    pk, pv = (torch.randn(G, Hkv, P, D, generator=g).to(dtype) for _ in range(2))
+    ok, ov = (torch.randn(A, Hkv, T, D, generator=g).to(dtype) for _ in range(2))
+    for own_len in (1, 16, 37):
+        out = kernels.decode_attention(q, kernels.transpose_keys(pk), pv, plen, ok, ov, own_len, rows, D ** -0.5)
+        assert out.dtype == torch.float32 and out.shape == (A, Hkv * n_rep * D)
+        expected = _reference(q, pk, pv, plen, ok, ov, own_len, rows, D ** -0.5)
+        torch.testing.assert_close(out.double(), expected, rtol=0, atol=2e-6)
+
+
+def test_keys_come_in_transposed_blocks_of_16():
+    k = torch.randn(2, 3, 21, 8)
+    kt = kernels.transpose_keys(k)
+    assert kt.shape == (2, 3, 2, 8, 16) and kt.is_contiguous()
+    assert torch.equal(kt[:, :, 0], k[:, :, :16].transpose(-1, -2))
+    assert torch.equal(kt[:, :, 1, :, :5], k[:, :, 16:].transpose(-1, -2)) and not kt[:, :, 1, :, 5:].any()
+    if kernels.module().bf16_pairs():  # bfloat16: dimensions 2i and 2i + 1 of 16 keys side by side
+        kb = kernels.transpose_keys(k.bfloat16())
+        assert kb.shape == (2, 3, 2, 8, 16)
+        pairs = kb[:, :, 0].reshape(2, 3, 4, 16, 2)
+        assert torch.equal(pairs[:, :, 1, 3], k[:, :, 3, 2:4].bfloat16())
+
+
+def test_decoder_tokens_with_and_without_the_kernel(monkeypatch):
+    from atgrpo.engine.native import native_generate
+    from atgrpo.policies import ByteTokenizer, CausalLMPolicy, TinyModelConfig, build_tiny_model
+
+    policy = CausalLMPolicy("p", build_tiny_model(TinyModelConfig(hidden_size=64, num_layers=2, num_heads=4,
+                                                                  intermediate_size=96), 3), ByteTokenizer())
+    prompts = [[1] + list(range(40, 40 + n)) for n in (30, 9, 51)]
+    runs = {}
+    for name in ("kernel", "torch"):
+        if name == "torch":
+            monkeypatch.setitem(kernels._state, "module", None)
+        decoder = policy.decoder()
+        st = decoder.new_state(*decoder.prefill(prompts, "cpu")[1:], 3, 4)
+        assert (st.prompt_kt is not None) == (name == "kernel")
+        runs[name] = native_generate(policy, decoder, prompts, 4, 1.0, 24, torch.Generator().manual_seed(7))
+    assert torch.equal(runs["kernel"][0], runs["torch"][0])
+    torch.testing.assert_close(runs["kernel"][1], runs["torch"][1], rtol=0, atol=1e-5)
