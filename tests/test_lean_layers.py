@@ -15,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from atgrpo.policies.lean_layers import RMSNormFunction, SwiGLUFunction, make_lean
 from atgrpo.policies.precision import apply_autocast
+from atgrpo.trainer.memory import saved_tensor_bytes
 
 SIZES = dict(vocab_size=96, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=128, attn_implementation="sdpa")
@@ -86,28 +87,6 @@ def test_functions_match_autograd_of_the_plain_expressions():
     torch.autograd.gradcheck(SwiGLUFunction.apply, (gate, up))
 
 
-def _kept_bytes(root) -> int:
-    """Bytes of every distinct storage the autograd graph under ``root`` keeps, parameters excluded."""
-    seen, stack, visited, params = {}, [root], set(), set()
-    while stack:
-        f = stack.pop()
-        if f is None or f in visited:
-            continue
-        visited.add(f)
-        if type(f).__name__ == "AccumulateGrad":
-            params.add(f.variable.untyped_storage().data_ptr())
-        tensors = list(getattr(f, "saved_tensors", ()) or ()) if hasattr(f, "saved_tensors") else []
-        for a in dir(f):
-            if a.startswith("_saved_"):
-                v = getattr(f, a)
-                tensors += [v] if isinstance(v, torch.Tensor) else [t for t in v if isinstance(t, torch.Tensor)] \
-                    if isinstance(v, (tuple, list)) else []
-        for t in tensors:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        stack += [n for n, _ in f.next_functions]
-    return sum(b for p, b in seen.items() if p not in params)
-
-
 def test_the_backward_keeps_what_the_docstring_says():
     """Per token and layer: each norm's float32 input and reciprocal RMS and its one bfloat16 output, SwiGLU's
     gate and up, where the stock modules keep each norm's input, normalised input and reciprocal RMS, a bfloat16
@@ -122,7 +101,7 @@ def test_the_backward_keeps_what_the_docstring_says():
     ids = torch.randint(0, 96, (1, 512))
     kept = {}
     for name, m in (("stock", stock), ("lean", lean)):
-        kept[name] = _kept_bytes(m(input_ids=ids).logits.sum().grad_fn)
+        kept[name] = sum(saved_tensor_bytes(m(input_ids=ids).logits.sum()).values())
     h, i, layers, tokens = 128, 384, 2, 512
     saved = layers * tokens * (14 * h + 2 * i) + tokens * 4 * h
     assert kept["stock"] - kept["lean"] == saved, kept

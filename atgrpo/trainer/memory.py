@@ -22,7 +22,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    import torch
 
 _before_reset_kb = 0  # the highest VmHWM read before a phase's reset, since the last ``reset_peak_rss``
 
@@ -98,3 +101,40 @@ def phase(name: str, peaks: dict[str, float]) -> Iterator[None]:
             _before_reset_kb = max(_before_reset_kb, kb)
             peaks[name] = max(peaks.get(name, 0.0), kb / 1024)
         release_free_memory()
+
+
+def saved_tensor_bytes(output: "torch.Tensor") -> dict[tuple[str, str], int]:
+    """What autograd keeps for the backward of ``output``: bytes of every distinct storage its graph saved, by
+    (node type, dtype), parameters left out (they are the model's). A diagnostic (``benchmarks/kept_bytes.py``,
+    ``tests/test_lean_layers.py``)."""
+    import torch
+
+    seen: dict[int, tuple[tuple[str, str], int]] = {}
+    params: set[int] = set()
+    stack, visited = [output.grad_fn], set()
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in visited:
+            continue
+        visited.add(fn)
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            params.add(fn.variable.untyped_storage().data_ptr())
+        tensors = []
+        for attr in dir(fn):
+            if attr.startswith("_saved_") or attr == "saved_tensors":
+                try:
+                    value = getattr(fn, attr)
+                except RuntimeError:  # freed already, or not a tensor attribute
+                    continue
+                items = value if isinstance(value, (tuple, list)) else [value]
+                tensors += [t for t in items if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            storage = t.untyped_storage()
+            seen.setdefault(storage.data_ptr(), ((name, str(t.dtype).removeprefix("torch.")), storage.nbytes()))
+        stack += [nxt for nxt, _ in fn.next_functions]
+    out: dict[tuple[str, str], int] = {}
+    for ptr, (key, nbytes) in seen.items():
+        if ptr not in params:
+            out[key] = out.get(key, 0) + nbytes
+    return out
