@@ -1,11 +1,12 @@
 """What the backward of one warm-start micro-batch keeps, per token and by autograd node, on a real config.
 
-    python benchmarks/kept_bytes.py [CONFIG.yaml] [--prompt N] [--answer N] [--samples N] [dotted.key=value ...]
+    python benchmarks/kept_bytes.py [CONFIG.yaml] [--prompt N] [--answer N] [--samples N] [--stock] [key=value ...]
 
 Builds the run's policy as ``atgrpo train`` does (no warm start), runs the shared-prefix log-probs of ``samples``
 random prompts and answers (the warm start's and the update's forward), and prints the bytes its autograd graph
 saved (``trainer.memory.saved_tensor_bytes``: distinct storages, parameters excluded), in total, per token and by
-(node, dtype). Default: the Plan-Path table cell, 4 samples of 900 + 100 tokens.
+(node, dtype). Default: the Plan-Path table cell, 4 samples of 900 + 100 tokens. ``--stock``: with transformers'
+own norms and MLPs (``policies/lean_layers.py`` undone), what the backward kept before.
 """
 
 from __future__ import annotations
@@ -28,11 +29,18 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--prompt", type=int, default=900)
     ap.add_argument("--answer", type=int, default=100)
     ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--stock", action="store_true")
     args, rest = ap.parse_known_args(argv)
     path, overrides = _split_args(rest or ["configs/real/table/plan_path_mas_L1.yaml"])
     cfg = set_precision(load_config(path, overrides + ["warmstart.enabled=false"]), lambda *a: None)
     torch.set_num_threads(max(1, cfg.train.threads))
     policy = next(iter(build_state_checked(cfg).policies.values()))
+    if args.stock:  # drop the instance forwards make_lean bound: the classes' own run again
+        from atgrpo.policies.lean_layers import MLP_CLASSES, NORM_CLASSES
+
+        for m in policy.model.modules():
+            if type(m).__name__ in NORM_CLASSES + MLP_CLASSES and "forward" in m.__dict__:
+                del m.forward
     g = torch.Generator().manual_seed(0)
     vocab = policy.model.config.vocab_size
     prompts = [torch.randint(100, vocab, (args.prompt,), generator=g).tolist() for _ in range(args.samples)]
@@ -41,7 +49,7 @@ def main(argv: list[str]) -> None:
     kept = saved_tensor_bytes(-(logp * mask).sum())
     tokens = args.samples * (args.prompt + args.answer)
     total = sum(kept.values())
-    print(f"{path}: {cfg.model.precision} on {cfg.model.dtype} weights, {tokens} tokens: kept {total / 2**20:.0f} MiB, "
+    print(f"{path}{' (stock norms and MLPs)' if args.stock else ''}: {cfg.model.precision} on {cfg.model.dtype} weights, {tokens} tokens: kept {total / 2**20:.0f} MiB, "
           f"{total / tokens / 1024:.1f} KiB per token")
     for (node, dtype), b in sorted(kept.items(), key=lambda kv: -kv[1]):
         print(f"  {b / 2**20:8.1f} MiB  {b / tokens / 1024:7.2f} KiB/token  {node} ({dtype})")

@@ -75,3 +75,41 @@ def test_decoder_tokens_with_and_without_the_kernel(monkeypatch):
         runs[name] = native_generate(policy, decoder, prompts, 4, 1.0, 24, torch.Generator().manual_seed(7))
     assert torch.equal(runs["kernel"][0], runs["torch"][0])
     torch.testing.assert_close(runs["kernel"][1], runs["torch"][1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_kernel_equals_causal_attention_per_prompt(dtype):
+    g = torch.Generator().manual_seed(5)
+    Hkv, n_rep, D = 2, 3, 32
+    lens = [37, 1, 16, 20]
+    N, G, P = sum(lens), len(lens), max(lens)
+    starts = [sum(lens[:i]) for i in range(G)]
+    q = (2 * torch.randn(N, Hkv * n_rep, D, generator=g)).to(dtype)
+    k, v = (torch.randn(N, Hkv, D, generator=g).to(dtype) for _ in range(2))
+    pk, pv = k.new_zeros((G, Hkv, P, D)), v.new_zeros((G, Hkv, P, D))
+    for i, (s0, n) in enumerate(zip(starts, lens)):
+        pk[i, :, :n], pv[i, :, :n] = k[s0:s0 + n].transpose(0, 1), v[s0:s0 + n].transpose(0, 1)
+    out = kernels.prefill_attention(q, kernels.transpose_keys(pk), pv, torch.tensor(lens), torch.tensor(starts),
+                                    D ** -0.5)
+    for s0, n in zip(starts, lens):
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q[s0:s0 + n].double().transpose(0, 1), k[s0:s0 + n].double().transpose(0, 1).repeat_interleave(n_rep, 0),
+            v[s0:s0 + n].double().transpose(0, 1).repeat_interleave(n_rep, 0), is_causal=True, scale=D ** -0.5)
+        torch.testing.assert_close(out[s0:s0 + n].double(), expected.transpose(0, 1).reshape(n, -1), rtol=0,
+                                   atol=2e-6)
+
+
+@pytest.mark.parametrize("delta_dtype", [None, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_equals_the_add_then_rms_norm(delta_dtype, out):
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(7, 96, generator=g)
+    delta = None if delta_dtype is None else torch.randn(7, 96, generator=g).to(delta_dtype)
+    w = torch.randn(96, generator=g)
+    expected_h = h if delta is None else h + delta.float()
+    expected = torch.nn.functional.rms_norm(expected_h, (96,), w, 1e-5)
+    got = kernels.add_rms_norm(h, delta, w, 1e-5, out)  # h updated in place
+    torch.testing.assert_close(h, expected_h, rtol=0, atol=0)
+    assert got.dtype == out
+    torch.testing.assert_close(got.float(), expected.to(out).float(), rtol=1e-5 if out == torch.float32 else 1e-2,
+                               atol=1e-5)

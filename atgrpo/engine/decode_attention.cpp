@@ -200,6 +200,22 @@ inline void block_scores_bf16(const c10::BFloat16* q, int nq, const c10::BFloat1
 constexpr bool kBf16Pairs = false;
 #endif
 
+
+// One block's scores for queries given as float32 (pre-scaled, ``qf``) and as their own values (``qraw``): the
+// bfloat16 dot-product path where it is built, else block_scores.
+template <typename T>
+inline void scores(const float* qf, const T* qraw, int nq, const T* block, int n, int D, float scale, float* s) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    block_scores_bf16(qraw, nq, block, n, D, scale, s);
+    return;
+  }
+#endif
+  (void)qraw;
+  (void)scale;
+  block_scores<T>(qf, nq, block, n, D, s);
+}
+
 // Scores of queries q[0..nq) against keys k (n rows of D, contiguous), into s (nq x n).
 template <typename T>
 inline void row_scores(const float* q, int nq, const T* k, int n, int D, float* s) {
@@ -270,16 +286,8 @@ void run(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& pv, const
       const T* vv = pvp + (g * Hkv + h) * Pv * D;
       for (int64_t j0 = 0; j0 < lens[g]; j0 += BLOCK) {
         const int n = static_cast<int>(std::min<int64_t>(BLOCK, lens[g] - j0));
-        const T* block = kt + (j0 / BLOCK) * D * BLOCK;
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-        if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          block_scores_bf16(qraw.data(), nq, block, n, D, static_cast<float>(scale), s.data());
-        } else {
-          block_scores<T>(qf.data(), nq, block, n, D, s.data());
-        }
-#else
-        block_scores<T>(qf.data(), nq, block, n, D, s.data());
-#endif
+        scores<T>(qf.data(), qraw.data(), nq, kt + (j0 / BLOCK) * D * BLOCK, n, D, static_cast<float>(scale),
+                  s.data());
         for (int i = 0; i < nq; ++i) alpha[i] = softmax_update(s.data() + i * BLOCK, n, m[i], l[i]);
         accumulate<T>(s.data(), BLOCK, alpha.data(), nq, vv + j0 * D, n, D, acc.data());
       }
@@ -299,6 +307,66 @@ void run(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& pv, const
           float* dst = op + (rows[ri] * H + h * n_rep + e) * D;
           for (int d = 0; d < D; ++d) dst[d] = a[d] * inv;
         }
+      }
+    }
+  });
+}
+
+
+// Causal attention of the prefill: the queries of prompt g's positions [t0, t0 + BLOCK) and kv head h against the
+// prompt's keys up to each query's own position. Queries and output rows of the packed prompts (q: N x H x D).
+template <typename T>
+void run_prefill(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& pv, const at::Tensor& plen,
+                 const at::Tensor& starts, double scale, at::Tensor& out) {
+  const int64_t H = q.size(1);
+  const int D = static_cast<int>(q.size(2));
+  const int64_t G = pkt.size(0), Hkv = pkt.size(1), NB = pkt.size(2), Pv = pv.size(2);
+  const int64_t n_rep = H / Hkv;
+  const T* qp = q.data_ptr<T>();
+  const T* pktp = pkt.data_ptr<T>();
+  const T* pvp = pv.data_ptr<T>();
+  const int64_t* lens = plen.data_ptr<int64_t>();
+  const int64_t* st = starts.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, G * Hkv * NB, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf, m, l, acc, s, alpha;
+    std::vector<T> qraw;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t g = task / (Hkv * NB), h = (task / NB) % Hkv, qb = task % NB;
+      const int64_t t0 = qb * BLOCK;
+      if (t0 >= lens[g]) continue;
+      const int nt = static_cast<int>(std::min<int64_t>(BLOCK, lens[g] - t0));
+      const int nq = static_cast<int>(nt * n_rep);  // query i: position t0 + i / n_rep, head h * n_rep + i % n_rep
+      qf.assign(static_cast<size_t>(nq) * D, 0.0f);
+      qraw.resize(static_cast<size_t>(nq) * D);
+      m.assign(nq, -1e30f);
+      l.assign(nq, 0.0f);
+      acc.assign(static_cast<size_t>(nq) * D, 0.0f);
+      s.assign(static_cast<size_t>(nq) * BLOCK, 0.0f);
+      alpha.assign(nq, 1.0f);
+      for (int i = 0; i < nq; ++i) {
+        const T* src = qp + ((st[g] + t0 + i / n_rep) * H + h * n_rep + i % n_rep) * D;
+        for (int d = 0; d < D; ++d) qf[i * D + d] = to_float(src[d]) * static_cast<float>(scale);
+        std::memcpy(qraw.data() + static_cast<size_t>(i) * D, src, D * sizeof(T));
+      }
+      const T* kt = pktp + (g * Hkv + h) * NB * D * BLOCK;
+      const T* vv = pvp + (g * Hkv + h) * Pv * D;
+      for (int64_t kb = 0; kb <= qb; ++kb) {
+        const int64_t j0 = kb * BLOCK;
+        const int n = static_cast<int>(std::min<int64_t>(BLOCK, lens[g] - j0));
+        scores<T>(qf.data(), qraw.data(), nq, kt + kb * D * BLOCK, n, D, static_cast<float>(scale), s.data());
+        for (int i = 0; i < nq; ++i) {
+          float* si = s.data() + i * BLOCK;
+          const int valid = kb < qb ? n : std::min(n, i / static_cast<int>(n_rep) + 1);  // keys up to its position
+          alpha[i] = softmax_update(si, valid, m[i], l[i]);
+          for (int j = valid; j < BLOCK; ++j) si[j] = 0.0f;
+        }
+        accumulate<T>(s.data(), BLOCK, alpha.data(), nq, vv + j0 * D, n, D, acc.data());
+      }
+      for (int i = 0; i < nq; ++i) {
+        const float inv = 1.0f / l[i];
+        float* dst = op + ((st[g] + t0 + i / n_rep) * H + h * n_rep + i % n_rep) * D;
+        for (int d = 0; d < D; ++d) dst[d] = acc[i * D + d] * inv;
       }
     }
   });
@@ -329,43 +397,20 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor pkt, at::Tensor pv, at::Ten
   return out;
 }
 
-// The residual add and the RMSNorm of a decoding step in one call: h += delta (h float32 (A, C), delta float32 or
-// bfloat16 or undefined), then x = h / rms(h) * w (w float32 (C)), returned as float32 or bfloat16 (`to_bf16`).
-// The rows are few (the live rows of a step), so one thread; each row's sum of squares in float32.
-at::Tensor add_rms_norm(at::Tensor h, c10::optional<at::Tensor> delta, at::Tensor w, double eps, bool to_bf16) {
-  TORCH_CHECK(h.is_contiguous() && h.scalar_type() == at::kFloat && h.dim() == 2 && w.is_contiguous() &&
-              w.scalar_type() == at::kFloat && w.numel() == h.size(1), "add_rms_norm: float32 (A, C) and (C)");
-  const int64_t A = h.size(0), C = h.size(1);
-  float* hp = h.data_ptr<float>();
-  if (delta.has_value() && delta->defined()) {
-    const at::Tensor d = delta->contiguous();
-    TORCH_CHECK(d.numel() == h.numel(), "add_rms_norm: delta's shape");
-    if (d.scalar_type() == at::kBFloat16) {
-      const c10::BFloat16* dp = d.data_ptr<c10::BFloat16>();
-      for (int64_t i = 0; i < A * C; ++i) hp[i] += static_cast<float>(dp[i]);
-    } else {
-      TORCH_CHECK(d.scalar_type() == at::kFloat, "add_rms_norm: delta float32 or bfloat16");
-      const float* dp = d.data_ptr<float>();
-      for (int64_t i = 0; i < A * C; ++i) hp[i] += dp[i];
-    }
+// Causal self-attention of packed prompts: q (N, H, D), prompt g's rows starting at starts[g], plen[g] long; its
+// keys in transposed blocks (G, Hkv, P' / 16, D, 16) and values (G, Hkv, P, D). Returns (N, H * D) float32.
+at::Tensor prefill_attention(at::Tensor q, at::Tensor pkt, at::Tensor pv, at::Tensor plen, at::Tensor starts,
+                             double scale) {
+  TORCH_CHECK(q.is_contiguous() && pkt.is_contiguous() && pv.is_contiguous(), "prefill_attention: contiguous");
+  TORCH_CHECK(q.dim() == 3 && pkt.dim() == 5 && pkt.size(3) == q.size(2) && pkt.size(4) == BLOCK &&
+              pv.size(3) == q.size(2), "prefill_attention: shapes");
+  TORCH_CHECK(plen.scalar_type() == at::kLong && starts.scalar_type() == at::kLong, "prefill_attention: int64");
+  auto out = at::zeros({q.size(0), q.size(1) * q.size(2)}, q.options().dtype(at::kFloat));
+  if (q.scalar_type() == at::kBFloat16) {
+    run_prefill<c10::BFloat16>(q, pkt, pv, plen, starts, scale, out);
+  } else {
+    TORCH_CHECK(q.scalar_type() == at::kFloat, "prefill_attention: float32 or bfloat16");
+    run_prefill<float>(q, pkt, pv, plen, starts, scale, out);
   }
-  at::Tensor x = at::empty({A, C}, h.options().dtype(to_bf16 ? at::kBFloat16 : at::kFloat));
-  const float* wp = w.data_ptr<float>();
-  for (int64_t r = 0; r < A; ++r) {
-    const float* hr = hp + r * C;
-    float ss = 0.0f;
-    for (int64_t c = 0; c < C; ++c) ss += hr[c] * hr[c];
-    const float rstd = 1.0f / std::sqrt(ss / static_cast<float>(C) + static_cast<float>(eps));
-    if (to_bf16) {
-      c10::BFloat16* xr = x.data_ptr<c10::BFloat16>() + r * C;
-      for (int64_t c = 0; c < C; ++c) xr[c] = static_cast<c10::BFloat16>(hr[c] * rstd * wp[c]);
-    } else {
-      float* xr = x.data_ptr<float>() + r * C;
-      for (int64_t c = 0; c < C; ++c) xr[c] = hr[c] * rstd * wp[c];
-    }
-  }
-  return x;
+  return out;
 }
-
-// Whether bfloat16 prompt keys come in pairs of dimensions ((D / 2, 16, 2) per block: AVX512-BF16 built in).
-bool bf16_pairs() { return kBf16Pairs; }

@@ -109,6 +109,8 @@ class Decoder:
             mask[i, :n] = 1
         layers = self.weights.current()
         ldt, adt = layers[0].qkv.dtype, self.attn_dtype
+        kernel = self.kernel_for(flat.device)
+        lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
         with part("prefill"):
             h = self.embed(flat)  # (N, hidden)
             cos, sin = self._rotation(h, pos)
@@ -118,12 +120,17 @@ class Decoder:
                 q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
                 v = qkv[:, H + Hkv:].to(adt)
                 pk, pv = k.new_zeros((G, Hkv, P, D)), v.new_zeros((G, Hkv, P, D))
-                o = q.new_empty((N, H, D))
                 for i, (s0, n) in enumerate(zip(starts, lens)):
                     pk[i, :, :n], pv[i, :, :n] = k[s0:s0 + n].transpose(0, 1), v[s0:s0 + n].transpose(0, 1)
-                    o[s0:s0 + n] = F.scaled_dot_product_attention(
-                        q[s0:s0 + n].transpose(0, 1)[None], pk[i:i + 1, :, :n], pv[i:i + 1, :, :n], is_causal=True,
-                        scale=self.scale, enable_gqa=H != Hkv)[0].transpose(0, 1)
+                if kernel:  # the CPU kernel: all prompts' causal attention in one call
+                    o = kernels.prefill_attention(q.contiguous(), kernels.transpose_keys(pk), pv, lens_t, starts_t,
+                                                  self.scale)
+                else:
+                    o = q.new_empty((N, H, D))
+                    for i, (s0, n) in enumerate(zip(starts, lens)):
+                        o[s0:s0 + n] = F.scaled_dot_product_attention(
+                            q[s0:s0 + n].transpose(0, 1)[None], pk[i:i + 1, :, :n], pv[i:i + 1, :, :n],
+                            is_causal=True, scale=self.scale, enable_gqa=H != Hkv)[0].transpose(0, 1)
                 keys.append(pk)
                 values.append(pv)
                 h = h + w.o(o.view(N, H * D).to(ldt))
@@ -157,10 +164,13 @@ class Decoder:
         brought up to date here serve all the state's steps."""
         self.weights.current()
         dt = self.attn_dtype
-        kernel = (prompt_k[0].device.type == "cpu" and dt in (torch.float32, torch.bfloat16)
-                  and kernels.module() is not None)
         return DecodeState([k.to(dt) for k in prompt_k], [v.to(dt) for v in prompt_v], prompt_mask, rows,
-                           max_new_tokens, dt, kernel)
+                           max_new_tokens, dt, self.kernel_for(prompt_k[0].device))
+
+    def kernel_for(self, device: torch.device) -> bool:
+        """Whether the CPU kernels (``kernels.py``) run this model's attention on ``device``."""
+        return device.type == "cpu" and self.attn_dtype in (torch.float32, torch.bfloat16) and \
+            kernels.module() is not None
 
     @torch.no_grad()
     def step(self, st: DecodeState, tok: torch.Tensor, pos: torch.Tensor, static: bool = False,

@@ -1,17 +1,20 @@
-"""The native engine's own CPU kernel: a decoding step's cascade attention, both parts and the merge in one call.
+"""The native engine's own CPU kernels (``decode_attention.cpp``, ``rms_norm.cpp``): a decoding step's cascade attention, the
+prefill's causal attention, and the residual add + RMSNorm + cast, each in one call.
 
 At a table cell's shape (16 rows, prompts of ~1,000 tokens, SmolLM2's 9 query heads over 3 key/value heads) torch's
 fused attention ran the prompt part at 75-90 GFLOP/s, and the own part and the merge (a second fused call, a
 sigmoid, a lerp, casts) cost more than the prompt part for a fraction of its work: per layer a few dozen
-operations of microseconds each. ``decode_attention.cpp`` does it all in one pass per (prompt, key/value head):
-the queries of the prompt's rows and of the head's query heads read each tile of the prompt's keys once, then each
-row its own keys; the softmax is online (float32), so the two parts need no merge.
+operations of microseconds each. ``decode_attention`` does it all in one pass per (prompt, key/value head): the
+queries of the prompt's rows and of the head's query heads read each block of 16 prompt keys once (keys stored
+per block transposed, ``transpose_keys``), then each row its own keys; the softmax is online (float32), so the two
+parts need no merge. ``prefill_attention`` runs the prompts' causal attention on the same blocks, and
+``add_rms_norm`` replaces the eight operations of a residual add, norm and cast.
 
-The kernel is compiled once per machine at first use (``torch.utils.cpp_extension.load_inline``, about a minute;
-``-O3 -march=native``, cached by torch under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, under
-a name that carries the CPU's flags).
-Where it cannot be built (no compiler, a failed build) or is switched off (``ATGRPO_NATIVE_KERNELS=0``) the
-decoder runs its torch path, with one note on stderr saying why; ``available()`` says which.
+The kernels are compiled once per machine at first use (``torch.utils.cpp_extension.load_inline``, about 30 s;
+``-O3 -march=native -fopenmp``, cached by torch under ``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``, under a name that carries the CPU's flags). Where they cannot be built (no
+compiler, a failed build) or are switched off (``ATGRPO_NATIVE_KERNELS=0``) the decoder runs its torch path, with
+one note on stderr saying why; ``available()`` says which.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("decode_attention.cpp")
+_SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.cpp", "rms_norm.cpp")]
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -38,13 +41,13 @@ def _build():
     # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run
     tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
     flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp"]  # OpenMP: at::parallel_for
-    return load_inline(name=f"atgrpo_decode_attention_{tag}", cpp_sources=[_SOURCE.read_text()],
-                       functions=["decode_attention", "add_rms_norm", "bf16_pairs"], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+    return load_inline(name=f"atgrpo_decode_attention_{tag}", cpp_sources=[p.read_text() for p in _SOURCES],
+                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "bf16_pairs"], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                        verbose=False)
 
 
 def module():
-    """The compiled kernel module, or None (switched off, or the build failed: said once on stderr)."""
+    """The compiled kernels' module, or None (switched off, or the build failed: said once on stderr)."""
     if "module" in _state:
         return _state["module"]
     with _lock:
@@ -101,3 +104,11 @@ def decode_attention(q: torch.Tensor, prompt_kt: torch.Tensor, prompt_v: torch.T
     ``own_len``), row ``r`` continuing prompt ``row_prompt[r]``. Returns ``(A, H * D)`` float32. q and the
     keys/values in one dtype, float32 or bfloat16, contiguous."""
     return module().decode_attention(q, prompt_kt, prompt_v, prompt_len, own_k, own_v, own_len, row_prompt, scale)
+
+
+def prefill_attention(q: torch.Tensor, prompt_kt: torch.Tensor, prompt_v: torch.Tensor, prompt_len: torch.Tensor,
+                      starts: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal self-attention of the prompts packed into one sequence: ``q  # (N, H, D)``, prompt ``g``'s
+    ``prompt_len[g]`` rows starting at ``starts[g]``, its keys ``prompt_kt`` (``transpose_keys``) and values
+    ``prompt_v  # (G, Hkv, P, D)``. Returns ``(N, H * D)`` float32 (rows of no prompt 0)."""
+    return module().prefill_attention(q, prompt_kt, prompt_v, prompt_len, starts, scale)
