@@ -10,7 +10,9 @@ Llama, Qwen2 and Qwen3 (the same norms and rotary modules, the same math) in far
   that all its branches read, attended with torch's fused CPU kernel (plain matmuls on other devices) with the
   branches of a prompt stacked as rows; each branch's own keys from one preallocated buffer
   ``(layers, 2, rows, kv heads, max_new_tokens, head dim)``, written in place at each step;
-- no cache object, mask construction or module dispatch per layer.
+- no cache object, mask construction or module dispatch per layer;
+- on the CPU, where they build (``kernels.py``), the project's own kernels: a step's attention (both parts and
+  the merge), the prefill's causal attention and each residual add + norm are one call each.
 
 Static shapes: with ``static=True`` a step attends over the whole own-key buffer with a bias that hides the
 positions not yet written (the step number is a tensor), so every step of a batch has the same shapes and no
@@ -193,7 +195,7 @@ class Decoder:
             own_len = st.own.shape[-2]
         else:
             own_bias, own_len = None, st.t + 1
-        fused = st.prompt_kt is not None  # the CPU kernels (kernels.py) serve this state
+        fused = st.prompt_kt is not None and not static  # the CPU kernels (kernels.py) serve this eager step
         a = None  # the last MLP's output, added to the residual stream with the next norm
         for li, w in enumerate(layers):
             with part("norm"):
@@ -212,7 +214,7 @@ class Decoder:
                     own_k[:, :, st.t] = k
                     own_v[:, :, st.t] = v
             with part("attention"):
-                if st.prompt_kt is not None and not static:  # both parts in one call of the CPU kernel
+                if fused:  # both parts in one call of the CPU kernel
                     o = kernels.decode_attention(q.contiguous(), st.prompt_kt[li], st.prompt_v[li], st.prompt_len,
                                                  own_k, own_v, own_len, st.branches.row_prompt, self.scale).to(ldt)
                 else:
