@@ -41,7 +41,17 @@ def _build():
     # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run
     tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
     flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp"]  # OpenMP: at::parallel_for
-    return load_inline(name=f"atgrpo_decode_attention_{tag}", cpp_sources=[p.read_text() for p in _SOURCES],
+    name = f"atgrpo_decode_attention_{tag}"
+    try:  # say why the first run pauses (torch builds silently)
+        from torch.utils.cpp_extension import _get_build_directory
+
+        built = os.path.exists(os.path.join(_get_build_directory(name, False), f"{name}.so"))
+    except Exception:  # noqa: BLE001 - a private helper of torch's: only the message depends on it
+        built = True
+    if not built:
+        print("atgrpo: building the native engine's CPU kernels for this machine (once, about 30 s)",
+              file=sys.stderr)
+    return load_inline(name=name, cpp_sources=[p.read_text() for p in _SOURCES],
                        functions=["decode_attention", "prefill_attention", "add_rms_norm", "bf16_pairs"], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                        verbose=False)
 
