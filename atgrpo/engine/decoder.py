@@ -57,7 +57,7 @@ class DecodeState:
         self.t = 0  # positions written per branch
         # the CPU kernel (kernels.py) reads each prompt's keys transposed and its length (its mask a prefix)
         self.prompt_kt, self.prompt_len = None, None
-        lens = prompt_mask.sum(1)
+        lens = prompt_mask.sum(1) if kernel else None
         if kernel and bool((prompt_mask == (torch.arange(P, device=lens.device) < lens[:, None])).all()):
             self.prompt_kt = [kernels.transpose_keys(k.contiguous()) for k in prompt_k]
             self.prompt_v = [v.contiguous() for v in prompt_v]

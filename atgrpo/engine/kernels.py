@@ -1,5 +1,6 @@
-"""The native engine's own CPU kernels (``decode_attention.cpp``, ``rms_norm.cpp``): a decoding step's cascade attention, the
-prefill's causal attention, and the residual add + RMSNorm + cast, each in one call.
+"""The native engine's own CPU kernels (``decode_attention.cpp``, ``prefill_attention.cpp`` on
+``attention_blocks.h``, ``rms_norm.cpp``): a decoding step's cascade attention, the prefill's causal attention,
+and the residual add + RMSNorm + cast, each in one call.
 
 At a table cell's shape (16 rows, prompts of ~1,000 tokens, SmolLM2's 9 query heads over 3 key/value heads) torch's
 fused attention ran the prompt part at 75-90 GFLOP/s, and the own part and the merge (a second fused call, a
@@ -27,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("decode_attention.cpp", "rms_norm.cpp")]
+_DIR = Path(__file__).parent
+_SOURCES = [_DIR / name for name in ("decode_attention.cpp", "prefill_attention.cpp", "rms_norm.cpp")]
+_HEADER = _DIR / "attention_blocks.h"  # included by the attention sources
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -38,8 +41,10 @@ def _build():
     from ..hardware import cpu_flags
 
     # built for this CPU (-march=native): its name carries the CPU's flags, so that a cache directory shared by
-    # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run
-    tag = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:10]
+    # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run; and the
+    # header's text, which torch's rebuild check (it hashes the sources) does not see
+    key = " ".join(sorted(cpu_flags())) + _HEADER.read_text()
+    tag = hashlib.sha256(key.encode()).hexdigest()[:10]
     flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp"]  # OpenMP: at::parallel_for
     name = f"atgrpo_decode_attention_{tag}"
     try:  # say why the first run pauses (torch builds silently)
@@ -52,8 +57,8 @@ def _build():
         print("atgrpo: building the native engine's CPU kernels for this machine (once, about 30 s)",
               file=sys.stderr)
     return load_inline(name=name, cpp_sources=[p.read_text() for p in _SOURCES],
-                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "bf16_pairs"], extra_cflags=flags, extra_ldflags=["-fopenmp"],
-                       verbose=False)
+                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "bf16_pairs"],
+                       extra_cflags=flags, extra_include_paths=[str(_DIR)], extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def module():
@@ -109,9 +114,9 @@ def decode_attention(q: torch.Tensor, prompt_kt: torch.Tensor, prompt_v: torch.T
                      own_k: torch.Tensor, own_v: torch.Tensor, own_len: int, row_prompt: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """Softmax attention of each row's queries ``q  # (A, H, D)`` over its prompt's keys ``prompt_kt  # (G, Hkv,
-    P / 16, D, 16)`` (``transpose_keys``) and values ``prompt_v  # (G, Hkv, P, D)``, the first ``prompt_len[g]`` positions
-    (``prompt_len  # (G,) int64``), and over its own keys/values ``own_k/v  # (A, Hkv, T, D)`` (the first
-    ``own_len``), row ``r`` continuing prompt ``row_prompt[r]``. Returns ``(A, H * D)`` float32. q and the
+    P / 16, D, 16)`` (``transpose_keys``) and values ``prompt_v  # (G, Hkv, P, D)``, the first ``prompt_len[g]``
+    positions (``prompt_len  # (G,) int64``), and over its own keys/values ``own_k/v  # (A, Hkv, T, D)`` (the
+    first ``own_len``), row ``r`` continuing prompt ``row_prompt[r]``. Returns ``(A, H * D)`` float32. q and the
     keys/values in one dtype, float32 or bfloat16, contiguous."""
     return module().decode_attention(q, prompt_kt, prompt_v, prompt_len, own_k, own_v, own_len, row_prompt, scale)
 

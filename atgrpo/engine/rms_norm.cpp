@@ -40,6 +40,3 @@ at::Tensor add_rms_norm(at::Tensor h, c10::optional<at::Tensor> delta, at::Tenso
   }
   return x;
 }
-
-// Whether bfloat16 prompt keys come in pairs of dimensions ((D / 2, 16, 2) per block: AVX512-BF16 built in).
-bool bf16_pairs() { return kBf16Pairs; }
