@@ -35,12 +35,10 @@ def main(argv: list[str]) -> None:
     cfg = set_precision(load_config(path, overrides + ["warmstart.enabled=false"]), lambda *a: None)
     torch.set_num_threads(max(1, cfg.train.threads))
     policy = next(iter(build_state_checked(cfg).policies.values()))
-    if args.stock:  # drop the instance forwards make_lean bound: the classes' own run again
-        from atgrpo.policies.lean_layers import MLP_CLASSES, NORM_CLASSES
+    if args.stock:
+        from atgrpo.policies.lean_layers import restore
 
-        for m in policy.model.modules():
-            if type(m).__name__ in NORM_CLASSES + MLP_CLASSES and "forward" in m.__dict__:
-                del m.forward
+        restore(policy.model)
     g = torch.Generator().manual_seed(0)
     vocab = policy.model.config.vocab_size
     prompts = [torch.randint(100, vocab, (args.prompt,), generator=g).tolist() for _ in range(args.samples)]
@@ -49,8 +47,9 @@ def main(argv: list[str]) -> None:
     kept = saved_tensor_bytes(-(logp * mask).sum())
     tokens = args.samples * (args.prompt + args.answer)
     total = sum(kept.values())
-    print(f"{path}{' (stock norms and MLPs)' if args.stock else ''}: {cfg.model.precision} on {cfg.model.dtype} weights, {tokens} tokens: kept {total / 2**20:.0f} MiB, "
-          f"{total / tokens / 1024:.1f} KiB per token")
+    what = " (stock norms and MLPs)" if args.stock else ""
+    print(f"{path}{what}: {cfg.model.precision} on {cfg.model.dtype} weights, {tokens} tokens: kept "
+          f"{total / 2**20:.0f} MiB, {total / tokens / 1024:.1f} KiB per token")
     for (node, dtype), b in sorted(kept.items(), key=lambda kv: -kv[1]):
         print(f"  {b / 2**20:8.1f} MiB  {b / tokens / 1024:7.2f} KiB/token  {node} ({dtype})")
 

@@ -19,7 +19,7 @@ def main(reps: int, budget: int) -> dict:
     import torch
 
     from atgrpo.config import load_config
-    from atgrpo.policies.lean_layers import MLP_CLASSES, NORM_CLASSES, make_lean
+    from atgrpo.policies.lean_layers import make_lean, restore
     from atgrpo.trainer.run_settings import set_precision
     from atgrpo.trainer.state import build_state_checked
     from atgrpo.trainer.warmstart import batch_cross_entropy
@@ -30,18 +30,13 @@ def main(reps: int, budget: int) -> dict:
     policy = next(iter(build_state_checked(cfg).policies.values()))
     model = policy.model
 
-    def stock() -> None:  # drop the instance forwards make_lean bound: the classes' own run again
-        for m in model.modules():
-            if type(m).__name__ in NORM_CLASSES + MLP_CLASSES and "forward" in m.__dict__:
-                del m.forward
-
     g = torch.Generator().manual_seed(0)
     pairs = [(torch.randint(100, 40000, (900,), generator=g).tolist(),
               torch.randint(100, 40000, (100,), generator=g).tolist()) for _ in range(4)]
     times: dict[str, list[float]] = {"stock": [], "lean": []}
     for r in range(reps + 1):
         for name in ("stock", "lean"):
-            stock() if name == "stock" else make_lean(model)
+            restore(model) if name == "stock" else make_lean(model)
             model.zero_grad(set_to_none=True)
             t = time.perf_counter()
             batch_cross_entropy(policy, pairs, budget)

@@ -10,17 +10,19 @@ autocast (``tests/test_lean_layers.py`` counts it in the autograd graph).
 
 Here each norm saves its input and one reciprocal RMS per row and recomputes the normalised input in the
 backward; a decoder layer's two norms (the ones whose outputs feed linear layers) hand out a bfloat16 output under
-autocast, cast once, so the linears that read it share one copy. SwiGLU (``silu(gate) * up``) saves gate and up and
-recomputes SiLU (its gradients bit-identical). The forward computes the same operations as transformers' modules, so outputs are bit-identical;
-gradients are the same functions computed in another order (float32: within 1e-6 relative, ``tests/test_lean_
-layers.py``). One difference under autocast: the three (two) gradients that flow back into a shared bfloat16
-norm output are summed in bfloat16 by autograd before the norm's backward casts them to float32, where each used to
-be cast first and summed in float32: one more bfloat16 rounding in a backward that runs in bfloat16 anyway.
+autocast, cast once, so the linears that read it share one copy. SwiGLU (``silu(gate) * up``) saves gate and up
+and recomputes SiLU (its gradients bit-identical). The forward computes the same operations as transformers'
+modules, so outputs are bit-identical; the norms' gradients are the same functions computed in another order
+(float32 rounding apart, ``tests/test_lean_layers.py``). One difference under autocast: the three (two) gradients
+that flow back into a shared bfloat16 norm output are summed in bfloat16 by autograd before the norm's backward
+casts them to float32, where each used to be cast first and summed in float32: one more bfloat16 rounding in a
+backward that runs in bfloat16 anyway.
 
-``make_lean(model)`` (run by every ``CausalLMPolicy`` on its model) swaps the forwards of a model's RMSNorm and
-MLP modules (methods bound to each module, so a ``copy.deepcopy`` keeps them); the rollout engine reads the same weights through its own decoder
-(``engine/decoder.py``) and is untouched. Applied to the architectures that cascade attention supports
-(``cascade.MODEL_TYPES``) whose MLP activation is SiLU; other models are left as they are."""
+``make_lean(model)`` (run by every ``CausalLMPolicy`` on its model) swaps the forwards of the RMSNorm and MLP
+modules of Llama, Qwen2 and Qwen3 (by class; methods bound to each module, so a ``copy.deepcopy`` keeps them) when
+the MLP's activation is SiLU; other models are left as they are. ``restore(model)`` undoes it (for side-by-side
+measurements: ``benchmarks/lean_layers_ab.py``, ``benchmarks/kept_bytes.py --stock``). The rollout engine reads
+the same weights through its own decoder (``engine/decoder.py``) and is untouched."""
 
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ import types
 import torch
 import torch.nn.functional as F
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3")
 NORM_CLASSES = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 MLP_CLASSES = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP")
 
@@ -90,8 +91,9 @@ def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def supports(config) -> bool:
-    """Whether ``make_lean`` changes a model of this config: a supported architecture with SiLU."""
-    return getattr(config, "model_type", None) in MODEL_TYPES and getattr(config, "hidden_act", None) == "silu"
+    """Whether ``make_lean`` may change a model of this config: its MLP's activation is SiLU (which modules change
+    is decided by their classes)."""
+    return getattr(config, "hidden_act", None) == "silu"
 
 
 def make_lean(model: torch.nn.Module) -> int:
@@ -112,3 +114,10 @@ def make_lean(model: torch.nn.Module) -> int:
             module.forward = types.MethodType(_mlp_forward, module)
             changed += 1
     return changed
+
+
+def restore(model: torch.nn.Module) -> None:
+    """Undo ``make_lean``: the classes' own forwards run again."""
+    for module in model.modules():
+        if type(module).__name__ in NORM_CLASSES + MLP_CLASSES and "forward" in module.__dict__:
+            del module.forward
