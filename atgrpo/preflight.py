@@ -294,7 +294,7 @@ def _output(cfg: Config, out: str | None, plan) -> list[Finding]:
 
 # what ``atgrpo train`` stops on before any work: definite problems the run would otherwise meet later (the
 # config, the model and the run directory it checks itself; a plan at maximum lengths is not definite)
-TRAIN_AREAS = ("prompts", "sandbox", "ray", "disk")
+TRAIN_AREAS = ("prompts", "sandbox", "engine", "ray", "disk")
 
 
 def train_blockers(cfg: Config, out: str) -> list[Finding]:
@@ -305,7 +305,7 @@ def train_blockers(cfg: Config, out: str) -> list[Finding]:
     model_dir = holder[0]
     plan = _guarded_value(lambda: _plan(cfg, model_dir))
     env, found = _env(cfg)  # a failure to build it is the run's to report, as it reports it now
-    for fn in (lambda: _prompts(cfg, env, model_dir), lambda: _sandbox(cfg, env), lambda: _ray(cfg),
-               lambda: _output(cfg, out, plan)):
+    for fn in (lambda: _prompts(cfg, env, model_dir), lambda: _sandbox(cfg, env), lambda: _engine(cfg),
+               lambda: _ray(cfg), lambda: _output(cfg, out, plan)):
         found += _guarded(fn)
     return [f for f in found if f.level == "FAIL" and f.area in TRAIN_AREAS]

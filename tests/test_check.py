@@ -97,5 +97,7 @@ def test_vllm_missing_is_named_and_the_same_config_can_start_without_it(tmp_path
     config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "real",
                           "math_mas_L1.yaml")
     assert main(["check", config, "rollout.engine=vllm", f"rollout.vllm.python={sys.executable}", "--out", out]) == 2
-    assert "vllm" in capsys.readouterr().out.lower()
+    printed = capsys.readouterr().out
+    assert "FAIL  engine:" in printed and "vllm" in printed.lower()
+    assert "ok    env:" in printed and "ok    disk:" in printed  # every other check still ran and is listed
     assert main(["check", config, "--out", out]) == 0

@@ -41,20 +41,25 @@ def test_mixed_adapter_rows_are_refused_before_reaching_the_engine():
     assert [lora_rank_limit(r) for r in (1, 8, 9, 16, 64)] == [8, 8, 16, 16, 64]
 
 
-def test_engine_chosen_but_not_installed_is_one_line_error(tmp_path):
+def test_engine_chosen_but_not_installed_is_one_line_error(tmp_path, capsys):
+    """A Python without vLLM loads as a config (what it has installed is the machine's fact) and stops
+    ``atgrpo train`` in its pre-flight: exit 2, one line naming vLLM and how to install it, before any work."""
+    from atgrpo.cli import main
+
     fake = tmp_path / "python"  # a Python without vLLM: a link to one that has none, else this one
     plain = "/usr/bin/python3" if os.path.isfile("/usr/bin/python3") else sys.executable
     if vllm_missing(plain) is None:
         pytest.skip("every Python here has vLLM")
     fake.symlink_to(plain)
-    with pytest.raises(ConfigError) as e:
-        load_config(None, ["model.kind=hf", "model.preset=smollm2-135m", "rollout.engine=vllm",
-                           f"rollout.vllm.python={fake}"])
-    msg = str(e.value)
-    assert "\n" not in msg and "needs vLLM" in msg and "pip install" in msg
-    with pytest.raises(ConfigError, match="does not exist"):
-        load_config(None, ["model.kind=hf", "model.preset=smollm2-135m", "rollout.engine=vllm",
-                           f"rollout.vllm.python={tmp_path}/nope"])
+    args = ["model.kind=hf", "model.preset=smollm2-135m", "rollout.engine=vllm"]
+    load_config(None, [*args, f"rollout.vllm.python={fake}"])
+    out = str(tmp_path / "run")
+    assert main(["train", *args, f"rollout.vllm.python={fake}", "--out", out, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "needs vLLM" in err and "pip install" in err
+    assert not os.path.exists(os.path.join(out, "metrics.jsonl"))  # stopped before any work
+    assert main(["train", *args, f"rollout.vllm.python={tmp_path}/nope", "--out", out, "--quiet"]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_engine_config_errors():

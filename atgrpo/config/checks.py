@@ -86,11 +86,8 @@ def _validate_vllm(cfg: Config) -> None:
     if cfg.system.backend != "local":
         raise ConfigError("rollout.engine=vllm runs with system.backend=local (the Ray backend samples with the "
                           "native engine on its rollout workers)")
-    from ..engine.vllm_engine import engine_python, vllm_missing  # local import: pulls in torch
-
-    err = vllm_missing(engine_python(cfg.rollout.vllm))
-    if err:
-        raise ConfigError(err)
+    # whether the engine's Python has vLLM is a fact about the machine, not the config: the pre-flight checks it
+    # (``preflight.py``: ``atgrpo check`` lists it with every other finding, ``atgrpo train`` stops on it first)
 
 
 def _validate_tiny(cfg: Config) -> None:
