@@ -1,7 +1,8 @@
 // The building blocks of the native engine's CPU attention kernels (decode_attention.cpp, prefill_attention.cpp):
 // blocks of 16 keys, each block transposed (D x 16; with AVX512-BF16, bfloat16 keys as (D / 2, 16, 2)), scored
-// for up to QB queries at once; an online softmax per query (a running max and sum); the values' weighted sum for
-// several queries per value row read. With AVX-512 (-march=native on a CPU that has it) the loops are intrinsics;
+// for up to QB queries at once into each query's row of scores; the softmax in two passes over the whole row (its
+// max, then exp and sum: a task's rows fit the L2 cache, and no running rescale per block); the values' weighted
+// sum for several queries per value row read. With AVX-512 (-march=native on a CPU that has it) the loops are intrinsics;
 // elsewhere plain loops that the compiler vectorises as it can. exp is Cephes' expf polynomial (~1 ulp) with the
 // power of two by scalef.
 #pragma once
@@ -23,9 +24,24 @@ namespace atgrpo_attention {
 
 constexpr int BLOCK = 16;  // prompt keys per block: one 512-bit vector of float32
 constexpr int QB = 12;     // queries whose scores are accumulated together (12 vector registers)
+constexpr float EXP_LO = -87.0f;  // exp of anything below is 0 here (a masked score is -inf)
+// Prefetch distances. A step's keys and values come from memory, not the caches (each layer's are read once per
+// step), and one core's stream of misses is slower than its arithmetic: at a table cell's shape in float32 the
+// kernel took ~370 us per call with its keys and values in memory against ~190 with them in the caches; ~300 with
+// these prefetches (benchmarks/attention_kernel.py).
+constexpr int PF_BLOCKS = 4;  // key blocks ahead
+constexpr int PF_KEYS = 32;   // value rows ahead
+
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+// Each 64-byte line of ``bytes`` bytes at ``p``, asked for ahead.
+inline void prefetch_lines(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) prefetch(static_cast<const char*>(p) + b);
+}
 
 inline float exp_scalar(float x) {
-  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
+  if (!(x >= EXP_LO)) return 0.0f;
+  x = std::fmin(x, 88.0f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float f = x - n * 0.693359375f + n * 2.12194440e-4f;
   float y = 1.9875691500e-4f;
@@ -49,7 +65,8 @@ inline __m512 load16(const c10::BFloat16* p) {
 }
 
 inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(88.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -61,51 +78,50 @@ inline __m512 exp16(__m512 x) {
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.6666665459e-1f));
   y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.0000001201e-1f));
   y = _mm512_fmadd_ps(y, _mm512_mul_ps(f, f), _mm512_add_ps(f, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(y, n);
+  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
+}
+
+inline __mmask16 tail_mask(int64_t left) {
+  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
 }
 #endif
 
-// One query's online softmax over new scores s[0..n): the running max m and sum l updated, s overwritten with the
-// probabilities under the new max; returns the factor the query's accumulator must be scaled by.
-inline float softmax_update(float* s, int n, float& m, float& l) {
-  float mx = m;
+// Each query's softmax over its row of scores, in place: rows i < nq of S (``stride`` apart), the first n entries
+// of each (a masked score is -inf: probability 0). Leaves the unnormalised exp(s - max) and puts each row's sum in
+// l: the weighted sum of values is divided once, at the end (Queries::write).
+inline void softmax_rows(float* S, int64_t stride, int nq, int64_t n, float* l) {
+  for (int i = 0; i < nq; ++i) {
+    float* s = S + i * stride;
 #ifdef __AVX512F__
-  if (n == 16) {
-    mx = std::fmax(mx, _mm512_reduce_max_ps(_mm512_loadu_ps(s)));
-  } else {
-    for (int j = 0; j < n; ++j) mx = std::fmax(mx, s[j]);
-  }
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 16)
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(vmax, tail_mask(n - j), s + j));
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 k = tail_mask(n - j);
+      const __m512 p = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mx)));
+      _mm512_mask_storeu_ps(s + j, k, p);
+      vsum = _mm512_add_ps(vsum, p);
+    }
+    l[i] = _mm512_reduce_add_ps(vsum);
 #else
-  for (int j = 0; j < n; ++j) mx = std::fmax(mx, s[j]);
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::fmax(mx, s[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = exp_scalar(s[j] - mx);
+      sum += s[j];
+    }
+    l[i] = sum;
 #endif
-  const float alpha = exp_scalar(m - mx);
-  float sum = 0.0f;
-  int j = 0;
-#ifdef __AVX512F__
-  __m512 vsum = _mm512_setzero_ps();
-  for (; j + 16 <= n; j += 16) {
-    const __m512 p = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
-    _mm512_storeu_ps(s + j, p);
-    vsum = _mm512_add_ps(vsum, p);
   }
-  sum = _mm512_reduce_add_ps(vsum);
-#endif
-  for (; j < n; ++j) {
-    s[j] = exp_scalar(s[j] - mx);
-    sum += s[j];
-  }
-  m = mx;
-  l = l * alpha + sum;
-  return alpha;
 }
 
-// acc[i] = alpha[i] acc[i] + sum_j p[i][j] v[j] for queries i < nq (p rows `pstride` apart, acc rows D apart) and
-// keys j < n (v rows D apart): each value row is read and converted once for all the queries.
+// acc[i] += sum_j p[i][j] v[j] for queries i < nq (p rows `pstride` apart, acc rows D apart) and keys j < n (v rows
+// D apart): each value row is read and converted once for all the queries.
 template <typename T>
-inline void accumulate(const float* p, int64_t pstride, const float* alpha, int nq, const T* v, int n, int D,
-                       float* acc) {
-  for (int i = 0; i < nq; ++i)
-    for (int d = 0; d < D; ++d) acc[i * D + d] *= alpha[i];
+inline void accumulate(const float* p, int64_t pstride, int nq, const T* v, int64_t n, int D, float* acc) {
 #ifdef __AVX512F__
   if (D == 64) {  // four queries' accumulators (16 registers) held across the keys
     for (int i0 = 0; i0 < nq; i0 += 4) {
@@ -114,8 +130,9 @@ inline void accumulate(const float* p, int64_t pstride, const float* alpha, int 
       for (int i = 0; i < 4; ++i)
         for (int c = 0; c < 4; ++c)
           a[i][c] = i < qb ? _mm512_loadu_ps(acc + (i0 + i) * D + 16 * c) : _mm512_setzero_ps();
-      for (int j = 0; j < n; ++j) {
-        const T* vr = v + static_cast<int64_t>(j) * D;
+      for (int64_t j = 0; j < n; ++j) {
+        const T* vr = v + j * D;
+        if (i0 == 0) prefetch_lines(vr + PF_KEYS * D, D * sizeof(T));
         const __m512 v0 = load16(vr), v1 = load16(vr + 16), v2 = load16(vr + 32), v3 = load16(vr + 48);
         for (int i = 0; i < qb; ++i) {
           const __m512 pj = _mm512_set1_ps(p[(i0 + i) * pstride + j]);
@@ -131,8 +148,8 @@ inline void accumulate(const float* p, int64_t pstride, const float* alpha, int 
     return;
   }
 #endif
-  for (int j = 0; j < n; ++j) {
-    const T* vr = v + static_cast<int64_t>(j) * D;
+  for (int64_t j = 0; j < n; ++j) {
+    const T* vr = v + j * D;
     for (int i = 0; i < nq; ++i) {
       const float pj = p[i * pstride + j];
       float* a = acc + i * D;
@@ -141,32 +158,31 @@ inline void accumulate(const float* p, int64_t pstride, const float* alpha, int 
   }
 }
 
-// Scores of queries q[0..nq) (float32, pre-scaled, D each) against one block of keys, transposed (D x BLOCK,
-// contiguous), of which the first n are real, into s (nq x BLOCK).
+// Scores of queries q[0..nq) (float32, pre-scaled, D each) against one block of BLOCK keys, transposed (D x BLOCK,
+// contiguous, zeros past the real keys), into s (nq rows ``sstride`` apart).
 template <typename T>
-inline void block_scores(const float* q, int nq, const T* kt, int n, int D, float* s) {
+inline void block_scores(const float* q, int nq, const T* kt, int D, float* s, int64_t sstride) {
 #ifdef __AVX512F__
-  if (n == BLOCK) {
-    for (int i0 = 0; i0 < nq; i0 += QB) {
-      const int qb = std::min(QB, nq - i0);
-      __m512 acc[QB];
-      for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        const __m512 kv = load16(kt + d * BLOCK);
-        for (int i = 0; i < qb; ++i)
-          acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[(i0 + i) * D + d]), kv, acc[i]);
-      }
-      for (int i = 0; i < qb; ++i) _mm512_storeu_ps(s + (i0 + i) * BLOCK, acc[i]);
+  for (int i0 = 0; i0 < nq; i0 += QB) {
+    const int qb = std::min(QB, nq - i0);
+    __m512 acc[QB];
+    for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_ps();
+    for (int d = 0; d < D; ++d) {
+      if (i0 == 0 && d * BLOCK * sizeof(T) % 64 == 0) prefetch(kt + PF_BLOCKS * D * BLOCK + d * BLOCK);
+      const __m512 kv = load16(kt + d * BLOCK);
+      for (int i = 0; i < qb; ++i)
+        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[(i0 + i) * D + d]), kv, acc[i]);
     }
-    return;
+    for (int i = 0; i < qb; ++i) _mm512_storeu_ps(s + (i0 + i) * sstride, acc[i]);
   }
-#endif
+#else
   for (int i = 0; i < nq; ++i)
-    for (int j = 0; j < n; ++j) {
+    for (int j = 0; j < BLOCK; ++j) {
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot += q[i * D + d] * to_float(kt[d * BLOCK + j]);
-      s[i * BLOCK + j] = dot;
+      s[i * sstride + j] = dot;
     }
+#endif
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -174,13 +190,14 @@ constexpr bool kBf16Pairs = true;
 // block_scores for bfloat16 with AVX512-BF16: the block's keys as (D / 2, BLOCK, 2), each pair of dimensions of 16
 // keys one vector; q the queries' own bfloat16 values (nq x D, unscaled), so each step is one dot-product
 // instruction per query over two dimensions: products exact, sums float32. Scores times scale into s.
-inline void block_scores_bf16(const c10::BFloat16* q, int nq, const c10::BFloat16* kt, int n, int D, float scale,
-                              float* s) {
+inline void block_scores_bf16(const c10::BFloat16* q, int nq, const c10::BFloat16* kt, int D, float scale, float* s,
+                              int64_t sstride) {
   for (int i0 = 0; i0 < nq; i0 += QB) {
     const int qb = std::min(QB, nq - i0);
     __m512 acc[QB];
     for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_ps();
     for (int dp = 0; dp < D / 2; ++dp) {
+      if (i0 == 0) prefetch(kt + PF_BLOCKS * D * BLOCK + dp * 2 * BLOCK);
       const __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + dp * 2 * BLOCK);
       for (int i = 0; i < qb; ++i) {
         int32_t pair;
@@ -189,41 +206,127 @@ inline void block_scores_bf16(const c10::BFloat16* q, int nq, const c10::BFloat1
       }
     }
     const __m512 sc = _mm512_set1_ps(scale);
-    for (int i = 0; i < qb; ++i) _mm512_storeu_ps(s + (i0 + i) * BLOCK, _mm512_mul_ps(acc[i], sc));
+    for (int i = 0; i < qb; ++i) _mm512_storeu_ps(s + (i0 + i) * sstride, _mm512_mul_ps(acc[i], sc));
   }
-  (void)n;
 }
 #else
 constexpr bool kBf16Pairs = false;
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// A query's probabilities (n floats) rounded to bfloat16 into dst, rounding to nearest even (as torch's fused
+// attention rounds them before its matmul with the values); dst[n] = 0 when n is odd, to fill the last pair.
+inline void round_bf16(const float* src, int64_t n, c10::BFloat16* dst) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + j)));
+  for (; j < n; ++j) dst[j] = static_cast<c10::BFloat16>(src[j]);
+  if (n % 2) dst[n] = static_cast<c10::BFloat16>(0.0f);
+}
+
+// accumulate() for bfloat16 values in pairs of keys, (n / 2, D, 2): keys 2j and 2j + 1 side by side in each
+// dimension, so that with the probabilities in bfloat16 (``pb``, rows ``pbstride`` apart) one dot-product
+// instruction adds two keys' terms to 16 dimensions of a query: products exact, sums float32. QT queries' C
+// vectors of accumulators stay in registers across the keys.
+template <int C, int QT>
+inline void accumulate_pairs_tiled(const c10::BFloat16* pb, int64_t pbstride, int nq, const c10::BFloat16* vp,
+                                   int64_t npairs, float* acc) {
+  constexpr int D = 16 * C;
+  for (int i0 = 0; i0 < nq; i0 += QT) {
+    const int qt = std::min(QT, nq - i0);
+    __m512 a[QT][C];
+    for (int i = 0; i < QT; ++i)
+      for (int c = 0; c < C; ++c)
+        a[i][c] = i < qt ? _mm512_loadu_ps(acc + (i0 + i) * D + 16 * c) : _mm512_setzero_ps();
+    for (int64_t jp = 0; jp < npairs; ++jp) {
+      if (i0 == 0) prefetch_lines(vp + (jp + PF_KEYS / 2) * 2 * D, 2 * D * sizeof(c10::BFloat16));
+      __m512bh v[C];
+      for (int c = 0; c < C; ++c) v[c] = (__m512bh)_mm512_loadu_si512(vp + jp * 2 * D + 32 * c);
+      for (int i = 0; i < qt; ++i) {
+        int32_t pair;
+        std::memcpy(&pair, pb + (i0 + i) * pbstride + 2 * jp, sizeof(pair));
+        const __m512bh pp = (__m512bh)_mm512_set1_epi32(pair);
+        for (int c = 0; c < C; ++c) a[i][c] = _mm512_dpbf16_ps(a[i][c], pp, v[c]);
+      }
+    }
+    for (int i = 0; i < qt; ++i)
+      for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + (i0 + i) * D + 16 * c, a[i][c]);
+  }
+}
+
+// acc[i] += sum_j p[i][j] v[j] over keys j < n, the values ``vp`` in pairs of keys (D a multiple of 16), the
+// probabilities ``p`` (float32 rows ``pstride`` apart; entries up to n rounded up to even readable) rounded to
+// bfloat16 first, in ``pb``.
+inline void accumulate_pairs(const float* p, int64_t pstride, int nq, const c10::BFloat16* vp, int64_t n, int D,
+                             float* acc, std::vector<c10::BFloat16>& pb) {
+  const int64_t npairs = (n + 1) / 2, pbstride = 2 * npairs;
+  if (pb.size() < static_cast<size_t>(nq) * pbstride) pb.resize(static_cast<size_t>(nq) * pbstride);
+  for (int i = 0; i < nq; ++i) round_bf16(p + i * pstride, n, pb.data() + i * pbstride);
+  if (D == 64) return accumulate_pairs_tiled<4, 4>(pb.data(), pbstride, nq, vp, npairs, acc);
+  if (D == 128) return accumulate_pairs_tiled<8, 2>(pb.data(), pbstride, nq, vp, npairs, acc);
+  for (int i = 0; i < nq; ++i)  // other head sizes: one query, one vector at a time
+    for (int c = 0; c < D / 16; ++c) {
+      __m512 a = _mm512_loadu_ps(acc + i * D + 16 * c);
+      for (int64_t jp = 0; jp < npairs; ++jp) {
+        int32_t pair;
+        std::memcpy(&pair, pb.data() + i * pbstride + 2 * jp, sizeof(pair));
+        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(pair),
+                             (__m512bh)_mm512_loadu_si512(vp + jp * 2 * D + 32 * c));
+      }
+      _mm512_storeu_ps(acc + i * D + 16 * c, a);
+    }
+}
+#endif
+
+// Whether values of dtype T and head size D come in pairs of keys (kernels.py: pair_values) and are summed by
+// accumulate_pairs: bfloat16 with AVX512-BF16, D a multiple of 16.
+template <typename T>
+constexpr bool value_pairs(int D) {
+  return std::is_same_v<T, c10::BFloat16> && kBf16Pairs && D % 16 == 0;
+}
+
+// The prompt part's weighted sum of values, in whichever layout value_pairs says the values come in.
+template <typename T>
+inline void accumulate_values(const float* p, int64_t pstride, int nq, const T* v, int64_t n, int D, float* acc,
+                              std::vector<c10::BFloat16>& pb) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (value_pairs<T>(D)) return accumulate_pairs(p, pstride, nq, v, n, D, acc, pb);
+  }
+#endif
+  (void)pb;
+  accumulate<T>(p, pstride, nq, v, n, D, acc);
+}
+
 
 // One block's scores for queries given as float32 (pre-scaled, ``qf``) and as their own values (``qraw``): the
 // bfloat16 dot-product path where it is built, else block_scores.
 template <typename T>
-inline void scores(const float* qf, const T* qraw, int nq, const T* block, int n, int D, float scale, float* s) {
+inline void scores(const float* qf, const T* qraw, int nq, const T* block, int D, float scale, float* s,
+                   int64_t sstride) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    block_scores_bf16(qraw, nq, block, n, D, scale, s);
+    block_scores_bf16(qraw, nq, block, D, scale, s, sstride);
     return;
   }
 #endif
   (void)qraw;
   (void)scale;
-  block_scores<T>(qf, nq, block, n, D, s);
+  block_scores<T>(qf, nq, block, D, s, sstride);
 }
 
-// Scores of queries q[0..nq) against keys k (n rows of D, contiguous), into s (nq x n).
+// Scores of queries q[0..nq) against keys k (n rows of D, contiguous), into s (nq rows ``sstride`` apart).
 template <typename T>
-inline void row_scores(const float* q, int nq, const T* k, int n, int D, float* s) {
-  for (int j = 0; j < n; ++j) {
+inline void row_scores(const float* q, int nq, const T* k, int64_t n, int D, float* s, int64_t sstride) {
+  for (int64_t j = 0; j < n; ++j) {
     const T* kr = k + j * D;
+    prefetch_lines(kr + PF_KEYS * D, D * sizeof(T));
 #ifdef __AVX512F__
     if (D % 16 == 0) {
       for (int i = 0; i < nq; ++i) {
         __m512 acc = _mm512_setzero_ps();
         for (int d = 0; d < D; d += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i * D + d), load16(kr + d), acc);
-        s[i * n + j] = _mm512_reduce_add_ps(acc);
+        s[i * sstride + j] = _mm512_reduce_add_ps(acc);
       }
       continue;
     }
@@ -231,36 +334,39 @@ inline void row_scores(const float* q, int nq, const T* k, int n, int D, float* 
     for (int i = 0; i < nq; ++i) {
       float dot = 0.0f;
       for (int d = 0; d < D; ++d) dot += q[i * D + d] * to_float(kr[d]);
-      s[i * n + j] = dot;
+      s[i * sstride + j] = dot;
     }
   }
 }
 
-// The queries of one task and their online softmax: each query as float32 (pre-scaled, ``qf``) and as its own
-// values (``qraw``, for the bfloat16 dot products), its running max ``m`` and sum ``l``, its accumulator ``acc``
-// (D floats), the block's scores ``s`` and each query's rescaling factor ``alpha``.
+// The queries of one task and their softmax: each query as float32 (pre-scaled, ``qf``) and as its own values
+// (``qraw``, for the bfloat16 dot products), its row of scores in ``S`` (``stride`` apart; probabilities after
+// softmax_rows), its sum of exps ``l`` and its accumulator ``acc`` (D floats).
 template <typename T>
 struct Queries {
   int nq = 0, D = 0;
-  std::vector<float> qf, m, l, acc, s, alpha;
+  int64_t stride = 0;
+  std::vector<float> qf, l, acc, S;
   std::vector<T> qraw;
+  std::vector<c10::BFloat16> pb;  // the probabilities in bfloat16, for accumulate_pairs
 
-  void reset(int n, int dim) {
+  void reset(int n, int dim, int64_t row_len) {
     nq = n;
     D = dim;
+    stride = (row_len + BLOCK - 1) / BLOCK * BLOCK;
     qf.assign(static_cast<size_t>(n) * dim, 0.0f);
     qraw.resize(static_cast<size_t>(n) * dim);
-    m.assign(n, -1e30f);
     l.assign(n, 0.0f);
     acc.assign(static_cast<size_t>(n) * dim, 0.0f);
-    s.assign(static_cast<size_t>(n) * BLOCK, 0.0f);
-    alpha.assign(n, 1.0f);
+    if (S.size() < static_cast<size_t>(n) * stride) S.resize(static_cast<size_t>(n) * stride);
   }
 
   void load(int i, const T* src, float scale) {
     for (int d = 0; d < D; ++d) qf[i * D + d] = to_float(src[d]) * scale;
     std::memcpy(qraw.data() + static_cast<size_t>(i) * D, src, D * sizeof(T));
   }
+
+  float* row(int i) { return S.data() + static_cast<int64_t>(i) * stride; }
 
   // Query i's output: its accumulator over its softmax's sum.
   void write(int i, float* dst) const {

@@ -4,8 +4,8 @@
 // One task per (prompt, key/value head): the queries of all the prompt's rows and of the head's query heads read
 // each block of 16 prompt keys once. The prompt's keys come in transposed blocks, (D, 16) per 16 keys, so that 16
 // keys are one vector and a query's 16 scores are 64 fused multiply-adds with no horizontal sums. Then each row
-// reads its own keys (a few hundred at most). Scores, the softmax (online: a running max and sum per query, so the
-// two parts need no merge) and the weighted sum of values are float32; the output is float32.
+// reads its own keys (a few hundred at most), into the same row of scores, so one softmax covers both parts and
+// they need no merge. Scores, the softmax and the weighted sum of values are float32; the output is float32.
 #include "attention_blocks.h"
 
 using namespace atgrpo_attention;
@@ -30,7 +30,6 @@ void run(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& pv, const
   float* op = out.data_ptr<float>();
   at::parallel_for(0, G * Hkv, 1, [&](int64_t begin, int64_t end) {
     Queries<T> Q;
-    std::vector<float> so;  // one row's queries' scores against its own keys
     std::vector<int64_t> rows;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t g = task / Hkv, h = task % Hkv;
@@ -39,32 +38,28 @@ void run(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& pv, const
         if (rp[r] == g) rows.push_back(r);
       if (rows.empty()) continue;
       const int nq = static_cast<int>(rows.size() * n_rep);  // query ri * n_rep + e: row rows[ri], head h * n_rep + e
-      Q.reset(nq, D);
-      so.assign(static_cast<size_t>(n_rep) * own_len, 0.0f);
+      // each query's row of scores: the prompt's blocks (positions past its length masked), then its own keys
+      const int64_t Pn = lens[g], Pb = (Pn + BLOCK - 1) / BLOCK * BLOCK;
+      Q.reset(nq, D, Pb + own_len);
       for (size_t ri = 0; ri < rows.size(); ++ri)
         for (int64_t e = 0; e < n_rep; ++e)
           Q.load(static_cast<int>(ri * n_rep + e), qp + (rows[ri] * H + h * n_rep + e) * D, static_cast<float>(scale));
-      // the prompt part: blocks of BLOCK keys, all the task's queries at once
       const T* kt = pktp + (g * Hkv + h) * NB * D * BLOCK;
       const T* vv = pvp + (g * Hkv + h) * Pv * D;
-      for (int64_t j0 = 0; j0 < lens[g]; j0 += BLOCK) {
-        const int n = static_cast<int>(std::min<int64_t>(BLOCK, lens[g] - j0));
-        scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt + (j0 / BLOCK) * D * BLOCK, n, D, static_cast<float>(scale),
-                  Q.s.data());
-        for (int i = 0; i < nq; ++i) Q.alpha[i] = softmax_update(Q.s.data() + i * BLOCK, n, Q.m[i], Q.l[i]);
-        accumulate<T>(Q.s.data(), BLOCK, Q.alpha.data(), nq, vv + j0 * D, n, D, Q.acc.data());
-      }
-      // the own part: each row's queries against its own keys
+      for (int64_t j0 = 0; j0 < Pn; j0 += BLOCK)  // the prompt part: all the task's queries per block
+        scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt + (j0 / BLOCK) * D * BLOCK, D, static_cast<float>(scale),
+                  Q.row(0) + j0, Q.stride);
+      for (int i = 0; i < nq; ++i)
+        for (int64_t j = Pn; j < Pb; ++j) Q.row(i)[j] = -INFINITY;
+      for (size_t ri = 0; ri < rows.size(); ++ri)  // the own part: each row's queries against its own keys
+        row_scores<T>(Q.qf.data() + ri * n_rep * D, static_cast<int>(n_rep), okp + (rows[ri] * Hkv + h) * Tmax * D,
+                      own_len, D, Q.row(static_cast<int>(ri * n_rep)) + Pb, Q.stride);
+      softmax_rows(Q.S.data(), Q.stride, nq, Pb + own_len, Q.l.data());
+      accumulate_values<T>(Q.S.data(), Q.stride, nq, vv, Pn, D, Q.acc.data(), Q.pb);
       for (size_t ri = 0; ri < rows.size(); ++ri) {
-        const int64_t own = (rows[ri] * Hkv + h) * Tmax * D;
         const int i0 = static_cast<int>(ri * n_rep);
-        row_scores<T>(Q.qf.data() + i0 * D, static_cast<int>(n_rep), okp + own, static_cast<int>(own_len), D,
-                      so.data());
-        for (int64_t e = 0; e < n_rep; ++e)
-          Q.alpha[i0 + e] = softmax_update(so.data() + e * own_len, static_cast<int>(own_len), Q.m[i0 + e],
-                                           Q.l[i0 + e]);
-        accumulate<T>(so.data(), own_len, Q.alpha.data() + i0, static_cast<int>(n_rep), ovp + own,
-                      static_cast<int>(own_len), D, Q.acc.data() + i0 * D);
+        accumulate<T>(Q.row(i0) + Pb, Q.stride, static_cast<int>(n_rep), ovp + (rows[ri] * Hkv + h) * Tmax * D,
+                      own_len, D, Q.acc.data() + i0 * D);
         for (int64_t e = 0; e < n_rep; ++e)
           Q.write(static_cast<int>(i0 + e), op + (rows[ri] * H + h * n_rep + e) * D);
       }
@@ -88,6 +83,8 @@ at::Tensor decode_attention(at::Tensor q, at::Tensor pkt, at::Tensor pv, at::Ten
   TORCH_CHECK(own_len >= 1 && own_len <= ok.size(2), "decode_attention: own_len out of range");
   TORCH_CHECK(plen.scalar_type() == at::kLong && row_prompt.scalar_type() == at::kLong, "decode_attention: int64");
   auto out = at::empty({q.size(0), q.size(1) * q.size(2)}, q.options().dtype(at::kFloat));
+  TORCH_CHECK(!(q.scalar_type() == at::kBFloat16 && value_pairs<c10::BFloat16>(static_cast<int>(q.size(2)))) ||
+              pv.size(2) % 2 == 0, "decode_attention: bfloat16 values in pairs of keys (kernels.pair_values)");
   if (q.scalar_type() == at::kBFloat16) {
     run<c10::BFloat16>(q, pkt, pv, plen, ok, ov, own_len, row_prompt, scale, out);
   } else {

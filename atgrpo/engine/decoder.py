@@ -55,12 +55,13 @@ class DecodeState:
         self.prompt_bias = self.branches.prompt_bias.to(dtype)  # (G, 1, 1, P): 0 on tokens, -inf on padding
         self.own = prompt_k[0].new_zeros((len(prompt_k), 2, rows, Hkv, max_new_tokens, D), dtype=dtype)
         self.t = 0  # positions written per branch
-        # the CPU kernel (kernels.py) reads each prompt's keys transposed and its length (its mask a prefix)
-        self.prompt_kt, self.prompt_len = None, None
+        # the CPU kernel (kernels.py) reads each prompt's keys transposed, its values perhaps paired, and its
+        # length (its mask a prefix)
+        self.prompt_kt, self.prompt_vk, self.prompt_len = None, None, None
         lens = prompt_mask.sum(1) if kernel else None
         if kernel and bool((prompt_mask == (torch.arange(P, device=lens.device) < lens[:, None])).all()):
             self.prompt_kt = [kernels.transpose_keys(k.contiguous()) for k in prompt_k]
-            self.prompt_v = [v.contiguous() for v in prompt_v]
+            self.prompt_vk = [kernels.pair_values(v) for v in prompt_v]
             self.prompt_len = lens.long()
 
     def expand(self, n: int) -> None:
@@ -125,8 +126,8 @@ class Decoder:
                 for i, (s0, n) in enumerate(zip(starts, lens)):
                     pk[i, :, :n], pv[i, :, :n] = k[s0:s0 + n].transpose(0, 1), v[s0:s0 + n].transpose(0, 1)
                 if kernel:  # the CPU kernel: all prompts' causal attention in one call
-                    o = kernels.prefill_attention(q.contiguous(), kernels.transpose_keys(pk), pv, lens_t, starts_t,
-                                                  self.scale)
+                    o = kernels.prefill_attention(q.contiguous(), kernels.transpose_keys(pk), kernels.pair_values(pv),
+                                                  lens_t, starts_t, self.scale)
                 else:
                     o = q.new_empty((N, H, D))
                     for i, (s0, n) in enumerate(zip(starts, lens)):
@@ -215,7 +216,7 @@ class Decoder:
                     own_v[:, :, st.t] = v
             with part("attention"):
                 if fused:  # both parts in one call of the CPU kernel
-                    o = kernels.decode_attention(q.contiguous(), st.prompt_kt[li], st.prompt_v[li], st.prompt_len,
+                    o = kernels.decode_attention(q.contiguous(), st.prompt_kt[li], st.prompt_vk[li], st.prompt_len,
                                                  own_k, own_v, own_len, st.branches.row_prompt, self.scale).to(ldt)
                 else:
                     o = self._attention(st, q, own_k[:, :, :own_len], own_v[:, :, :own_len], li, own_bias).to(ldt)

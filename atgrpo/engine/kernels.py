@@ -5,11 +5,12 @@ and the residual add + RMSNorm + cast, each in one call.
 At a table cell's shape (16 rows, prompts of ~1,000 tokens, SmolLM2's 9 query heads over 3 key/value heads) torch's
 fused attention ran the prompt part at 75-90 GFLOP/s, and the own part and the merge (a second fused call, a
 sigmoid, a lerp, casts) cost more than the prompt part for a fraction of its work: per layer a few dozen
-operations of microseconds each. ``decode_attention`` does it all in one pass per (prompt, key/value head): the
+operations of microseconds each. ``decode_attention`` does it all in one call per (prompt, key/value head): the
 queries of the prompt's rows and of the head's query heads read each block of 16 prompt keys once (keys stored
-per block transposed, ``transpose_keys``), then each row its own keys; the softmax is online (float32), so the two
-parts need no merge. ``prefill_attention`` runs the prompts' causal attention on the same blocks, and
-``add_rms_norm`` replaces the eight operations of a residual add, norm and cast.
+per block transposed, ``transpose_keys``), then each row its own keys, into one row of scores per query; one
+softmax over the row (float32, in two passes: its max, then exp and sum) covers both parts, so they need no
+merge. ``prefill_attention`` runs the prompts' causal attention on the same blocks, and ``add_rms_norm`` replaces
+the eight operations of a residual add, norm and cast.
 
 The kernels are compiled once per machine at first use (``torch.utils.cpp_extension.load_inline``, about 30 s;
 ``-O3 -march=native -fopenmp``, cached by torch under ``TORCH_EXTENSIONS_DIR``, default
@@ -110,14 +111,30 @@ def transpose_keys(k: torch.Tensor) -> torch.Tensor:
     return blocks.transpose(-1, -2).contiguous()
 
 
+def pair_values(v: torch.Tensor) -> torch.Tensor:
+    """A prompt's values ``(G, Hkv, P, D)`` as the kernels read them: bfloat16 values on a CPU with AVX512-BF16 (D
+    a multiple of 16) in pairs of keys, ``(G, Hkv, P' / 2, D, 2)`` viewed as ``(G, Hkv, P', D)`` with P' = P
+    rounded up to 16 (zeros after P): keys 2j and 2j + 1 side by side in each dimension, so that one dot-product
+    instruction adds two keys' terms to 16 dimensions (the probabilities rounded to bfloat16 first, as torch's
+    fused attention rounds them before its matmul with the values). Any other values as they are, contiguous.
+    (``value_pairs`` in attention_blocks.h is the same rule.)"""
+    G, Hkv, P, D = v.shape
+    if not (v.dtype == torch.bfloat16 and D % 16 == 0 and module().bf16_pairs()):
+        return v.contiguous()
+    padded = -(-P // 16) * 16
+    out = v.new_zeros((G, Hkv, padded, D))
+    out[:, :, :P] = v
+    return out.view(G, Hkv, padded // 2, 2, D).transpose(-1, -2).reshape(G, Hkv, padded, D)
+
+
 def decode_attention(q: torch.Tensor, prompt_kt: torch.Tensor, prompt_v: torch.Tensor, prompt_len: torch.Tensor,
                      own_k: torch.Tensor, own_v: torch.Tensor, own_len: int, row_prompt: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """Softmax attention of each row's queries ``q  # (A, H, D)`` over its prompt's keys ``prompt_kt  # (G, Hkv,
-    P / 16, D, 16)`` (``transpose_keys``) and values ``prompt_v  # (G, Hkv, P, D)``, the first ``prompt_len[g]``
-    positions (``prompt_len  # (G,) int64``), and over its own keys/values ``own_k/v  # (A, Hkv, T, D)`` (the
-    first ``own_len``), row ``r`` continuing prompt ``row_prompt[r]``. Returns ``(A, H * D)`` float32. q and the
-    keys/values in one dtype, float32 or bfloat16, contiguous."""
+    P / 16, D, 16)`` (``transpose_keys``) and values ``prompt_v  # (G, Hkv, P, D)`` (``pair_values``), the first
+    ``prompt_len[g]`` positions (``prompt_len  # (G,) int64``), and over its own keys/values ``own_k/v  # (A, Hkv,
+    T, D)`` (the first ``own_len``), row ``r`` continuing prompt ``row_prompt[r]``. Returns ``(A, H * D)``
+    float32. q and the keys/values in one dtype, float32 or bfloat16, contiguous."""
     return module().decode_attention(q, prompt_kt, prompt_v, prompt_len, own_k, own_v, own_len, row_prompt, scale)
 
 
@@ -125,5 +142,5 @@ def prefill_attention(q: torch.Tensor, prompt_kt: torch.Tensor, prompt_v: torch.
                       starts: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal self-attention of the prompts packed into one sequence: ``q  # (N, H, D)``, prompt ``g``'s
     ``prompt_len[g]`` rows starting at ``starts[g]``, its keys ``prompt_kt`` (``transpose_keys``) and values
-    ``prompt_v  # (G, Hkv, P, D)``. Returns ``(N, H * D)`` float32 (rows of no prompt 0)."""
+    ``prompt_v  # (G, Hkv, P, D)`` (``pair_values``). Returns ``(N, H * D)`` float32 (rows of no prompt 0)."""
     return module().prefill_attention(q, prompt_kt, prompt_v, prompt_len, starts, scale)

@@ -1,6 +1,6 @@
 // The prefill's causal attention of all a node's prompts in one call (engine/kernels.py: prefill_attention), on
 // the blocks of attention_blocks.h: one task per (prompt, key/value head, block of 16 positions), its positions'
-// queries against the key blocks up to its own, the last one masked by position.
+// queries against the key blocks up to its own, the keys after each query's position masked.
 #include "attention_blocks.h"
 
 using namespace atgrpo_attention;
@@ -31,22 +31,18 @@ void run_prefill(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& p
       const int nt = static_cast<int>(std::min<int64_t>(BLOCK, lens[g] - t0));
       const int nq = static_cast<int>(nt * n_rep);  // query i: position t0 + i / n_rep, head h * n_rep + i % n_rep
       auto row = [&](int i) { return ((st[g] + t0 + i / n_rep) * H + h * n_rep + i % n_rep) * D; };
-      Q.reset(nq, D);
+      const int64_t n = t0 + BLOCK;  // the key blocks up to the task's own
+      Q.reset(nq, D, n);
       for (int i = 0; i < nq; ++i) Q.load(i, qp + row(i), static_cast<float>(scale));
       const T* kt = pktp + (g * Hkv + h) * NB * D * BLOCK;
       const T* vv = pvp + (g * Hkv + h) * Pv * D;
-      for (int64_t kb = 0; kb <= qb; ++kb) {
-        const int64_t j0 = kb * BLOCK;
-        const int n = static_cast<int>(std::min<int64_t>(BLOCK, lens[g] - j0));
-        scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt + kb * D * BLOCK, n, D, static_cast<float>(scale), Q.s.data());
-        for (int i = 0; i < nq; ++i) {
-          float* si = Q.s.data() + i * BLOCK;
-          const int valid = kb < qb ? n : std::min(n, i / static_cast<int>(n_rep) + 1);  // keys up to its position
-          Q.alpha[i] = softmax_update(si, valid, Q.m[i], Q.l[i]);
-          for (int j = valid; j < BLOCK; ++j) si[j] = 0.0f;
-        }
-        accumulate<T>(Q.s.data(), BLOCK, Q.alpha.data(), nq, vv + j0 * D, n, D, Q.acc.data());
-      }
+      for (int64_t kb = 0; kb <= qb; ++kb)
+        scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt + kb * D * BLOCK, D, static_cast<float>(scale),
+                  Q.row(0) + kb * BLOCK, Q.stride);
+      for (int i = 0; i < nq; ++i)  // keys after the query's own position
+        for (int64_t j = t0 + i / n_rep + 1; j < n; ++j) Q.row(i)[j] = -INFINITY;
+      softmax_rows(Q.S.data(), Q.stride, nq, n, Q.l.data());
+      accumulate_values<T>(Q.S.data(), Q.stride, nq, vv, t0 + nt, D, Q.acc.data(), Q.pb);
       for (int i = 0; i < nq; ++i) Q.write(i, op + row(i));
     }
   });
@@ -63,6 +59,8 @@ at::Tensor prefill_attention(at::Tensor q, at::Tensor pkt, at::Tensor pv, at::Te
               pv.size(3) == q.size(2), "prefill_attention: shapes");
   TORCH_CHECK(plen.scalar_type() == at::kLong && starts.scalar_type() == at::kLong, "prefill_attention: int64");
   auto out = at::zeros({q.size(0), q.size(1) * q.size(2)}, q.options().dtype(at::kFloat));
+  TORCH_CHECK(!(q.scalar_type() == at::kBFloat16 && value_pairs<c10::BFloat16>(static_cast<int>(q.size(2)))) ||
+              pv.size(2) % 2 == 0, "prefill_attention: bfloat16 values in pairs of keys (kernels.pair_values)");
   if (q.scalar_type() == at::kBFloat16) {
     run_prefill<c10::BFloat16>(q, pkt, pv, plen, starts, scale, out);
   } else {
