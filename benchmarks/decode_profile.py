@@ -131,8 +131,11 @@ def main() -> None:
             print(f"| {k} | {1e3 * v:.0f} |")
     else:
         prefill = parts.pop("prefill", 0.0)
+        within = {k.split("/", 1)[1]: parts.pop(k) for k in [k for k in parts if k.startswith("prefill/")]}
         decode = prof_wall - prefill
-        print(f"prefill {prefill:.2f} s; decoding {decode:.2f} s = {1e3 * decode / steps:.1f} ms per step")
+        print(f"prefill {prefill:.2f} s (" + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(
+            within.items(), key=lambda kv: -kv[1])) + f", other {prefill - sum(within.values()):.2f} s); decoding "
+              f"{decode:.2f} s = {1e3 * decode / steps:.1f} ms per step")
         print("| part | ms per step | share of the step |\n|---|---|---|")
         known = 0.0
         for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):

@@ -134,6 +134,25 @@ def test_values_come_in_pairs_of_keys_for_the_bfloat16_dot_products():
     assert not pairs[:, :, 10, :, 1].any() and not pairs[:, :, 11:].any()
 
 
+@pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                    (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_rotate_write_is_the_torch_operations_bit_for_bit(dtypes):
+    """The rotation of queries and keys and the cache write, against the decoder's torch path (float32 products
+    rounded before the sum, then cast); keys and values land at position t only."""
+    dt, cache_dt = dtypes
+    g = torch.Generator().manual_seed(1)
+    A, H, Hkv, D, T, t = 5, 6, 2, 64, 9, 4
+    qkv = torch.randn(A, H + 2 * Hkv, D, generator=g).to(dt)
+    cos, sin = torch.randn(A, 1, D, generator=g), torch.randn(A, 1, D, generator=g)
+    own_k, own_v = torch.zeros(A, Hkv, T, D, dtype=cache_dt), torch.zeros(A, Hkv, T, D, dtype=cache_dt)
+    q = kernels.rotate_write(qkv[:, :H + Hkv], qkv[:, H + Hkv:], cos, sin, own_k, own_v, t)
+    qk = qkv[:, :H + Hkv]
+    expected = (qk * cos + qk.roll(D // 2, -1) * sin).to(cache_dt)
+    assert q.dtype == cache_dt and torch.equal(q, expected[:, :H])
+    assert torch.equal(own_k[:, :, t], expected[:, H:]) and torch.equal(own_v[:, :, t], qkv[:, H + Hkv:].to(cache_dt))
+    assert not own_k[:, :, :t].any() and not own_v[:, :, t + 1:].any()
+
+
 @pytest.mark.parametrize("delta_dtype", [None, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("out", [torch.float32, torch.bfloat16])
 def test_add_rms_norm_equals_the_add_then_rms_norm(delta_dtype, out):

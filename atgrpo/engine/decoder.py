@@ -119,26 +119,30 @@ class Decoder:
             cos, sin = self._rotation(h, pos)
             keys, values = [], []
             for w in layers:
-                qkv = w.qkv(_rms_norm(w.input_norm, h).to(ldt)).view(N, H + 2 * Hkv, D)
-                q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
-                v = qkv[:, H + Hkv:].to(adt)
-                pk, pv = k.new_zeros((G, Hkv, P, D)), v.new_zeros((G, Hkv, P, D))
-                for i, (s0, n) in enumerate(zip(starts, lens)):
-                    pk[i, :, :n], pv[i, :, :n] = k[s0:s0 + n].transpose(0, 1), v[s0:s0 + n].transpose(0, 1)
-                if kernel:  # the CPU kernel: all prompts' causal attention in one call
-                    o = kernels.prefill_attention(q.contiguous(), kernels.transpose_keys(pk), kernels.pair_values(pv),
-                                                  lens_t, starts_t, self.scale)
-                else:
-                    o = q.new_empty((N, H, D))
+                with part("prefill/matmul"):
+                    qkv = w.qkv(_rms_norm(w.input_norm, h).to(ldt)).view(N, H + 2 * Hkv, D)
+                with part("prefill/rotary_cache"):
+                    q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
+                    v = qkv[:, H + Hkv:].to(adt)
+                    pk, pv = k.new_zeros((G, Hkv, P, D)), v.new_zeros((G, Hkv, P, D))
                     for i, (s0, n) in enumerate(zip(starts, lens)):
-                        o[s0:s0 + n] = F.scaled_dot_product_attention(
-                            q[s0:s0 + n].transpose(0, 1)[None], pk[i:i + 1, :, :n], pv[i:i + 1, :, :n],
-                            is_causal=True, scale=self.scale, enable_gqa=H != Hkv)[0].transpose(0, 1)
+                        pk[i, :, :n], pv[i, :, :n] = k[s0:s0 + n].transpose(0, 1), v[s0:s0 + n].transpose(0, 1)
+                with part("prefill/attention"):
+                    if kernel:  # the CPU kernel: all prompts' causal attention in one call
+                        o = kernels.prefill_attention(q.contiguous(), kernels.transpose_keys(pk),
+                                                      kernels.pair_values(pv), lens_t, starts_t, self.scale)
+                    else:
+                        o = q.new_empty((N, H, D))
+                        for i, (s0, n) in enumerate(zip(starts, lens)):
+                            o[s0:s0 + n] = F.scaled_dot_product_attention(
+                                q[s0:s0 + n].transpose(0, 1)[None], pk[i:i + 1, :, :n], pv[i:i + 1, :, :n],
+                                is_causal=True, scale=self.scale, enable_gqa=H != Hkv)[0].transpose(0, 1)
                 keys.append(pk)
                 values.append(pv)
-                h = h + w.o(o.view(N, H * D).to(ldt))
-                g, u = w.gate_up(_rms_norm(w.post_norm, h).to(ldt)).chunk(2, -1)
-                h = h + w.down(F.silu(g) * u)
+                with part("prefill/matmul"):
+                    h = h + w.o(o.view(N, H * D).to(ldt))
+                    g, u = w.gate_up(_rms_norm(w.post_norm, h).to(ldt)).chunk(2, -1)
+                    h = h + w.down(F.silu(g) * u)
             last = torch.tensor([s0 + n - 1 for s0, n in zip(starts, lens)], device=device)
             logits = self.weights.head(_rms_norm(self.norm, h[last]))
         return logits, keys, values, mask
@@ -151,14 +155,17 @@ class Decoder:
         sin = sin.float()
         return cos.float(), torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
-    def _rotate(self, w, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Queries and keys of ``qkv  # (N, H + 2 Hkv, D)``, rotated (after Qwen3's per-head norms), in the
-        attention dtype: (N, H + Hkv, D)."""
+    def _normed_qk(self, w, qkv: torch.Tensor) -> torch.Tensor:
+        """Queries and keys of ``qkv  # (N, H + 2 Hkv, D)`` (after Qwen3's per-head norms): (N, H + Hkv, D)."""
         H, Hkv = self.H, self.Hkv
         if w.q_norm is not None:
-            qk = torch.cat([w.q_norm(qkv[:, :H]), w.k_norm(qkv[:, H:H + Hkv])], 1)
-        else:
-            qk = qkv[:, :H + Hkv]
+            return torch.cat([w.q_norm(qkv[:, :H]), w.k_norm(qkv[:, H:H + Hkv])], 1)
+        return qkv[:, :H + Hkv]
+
+    def _rotate(self, w, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Queries and keys of ``qkv  # (N, H + 2 Hkv, D)``, normed and rotated, in the attention dtype:
+        (N, H + Hkv, D)."""
+        qk = self._normed_qk(w, qkv)
         # float32 cos/sin promote a bfloat16 qk exactly, as in the model's forward under autocast
         return (qk * cos + qk.roll(self.D // 2, -1) * sin).to(self.attn_dtype)
 
@@ -203,17 +210,23 @@ class Decoder:
                 h, x = _add_norm(w.input_norm, h, a, ldt, fused)
             with part("matmul"):
                 qkv = w.qkv(x).view(A, H + 2 * Hkv, D)
-            with part("embed_rotary"):
-                q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
-                v = qkv[:, H + Hkv:]
-            with part("cache_write"):
-                own_k, own_v = st.own[li, 0], st.own[li, 1]  # (R, Hkv, T, D)
-                if static:
-                    own_k.index_copy_(2, t.view(1), k[:, :, None])
-                    own_v.index_copy_(2, t.view(1), v.to(self.attn_dtype)[:, :, None])
-                else:
-                    own_k[:, :, st.t] = k
-                    own_v[:, :, st.t] = v
+            own_k, own_v = st.own[li, 0], st.own[li, 1]  # (R, Hkv, T, D)
+            if fused:  # rotation and cache write in one call of the CPU kernels
+                with part("rotary_cache"):
+                    qk, v = self._normed_qk(w, qkv), qkv[:, H + Hkv:]
+                    if qk.dtype != v.dtype:  # Qwen3's norms may return float32: both exactly in float32
+                        qk, v = qk.float(), v.float()
+                    q = kernels.rotate_write(qk, v, cos, sin, own_k, own_v, st.t)
+            else:
+                with part("rotary_cache"):
+                    q, k = self._rotate(w, qkv, cos, sin).split([H, Hkv], dim=1)
+                    v = qkv[:, H + Hkv:]
+                    if static:
+                        own_k.index_copy_(2, t.view(1), k[:, :, None])
+                        own_v.index_copy_(2, t.view(1), v.to(self.attn_dtype)[:, :, None])
+                    else:
+                        own_k[:, :, st.t] = k
+                        own_v[:, :, st.t] = v
             with part("attention"):
                 if fused:  # both parts in one call of the CPU kernel
                     o = kernels.decode_attention(q.contiguous(), st.prompt_kt[li], st.prompt_vk[li], st.prompt_len,

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 _DIR = Path(__file__).parent
-_SOURCES = [_DIR / name for name in ("decode_attention.cpp", "prefill_attention.cpp", "rms_norm.cpp")]
+_SOURCES = [_DIR / name for name in ("decode_attention.cpp", "prefill_attention.cpp", "rms_norm.cpp", "rotary.cpp")]
 _HEADER = _DIR / "attention_blocks.h"  # included by the attention sources
 _lock = threading.Lock()
 _state: dict[str, object] = {}
@@ -41,12 +41,14 @@ def _build():
 
     from ..hardware import cpu_flags
 
+    # OpenMP: at::parallel_for. No contraction into fused multiply-adds: the rotation and the norm round as
+    # torch's elementwise operations do (the attention's fused multiply-adds are written out as intrinsics)
+    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     # built for this CPU (-march=native): its name carries the CPU's flags, so that a cache directory shared by
     # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run; and the
-    # header's text, which torch's rebuild check (it hashes the sources) does not see
-    key = " ".join(sorted(cpu_flags())) + _HEADER.read_text()
+    # header's text and the flags, which torch's rebuild check (it hashes the sources) may not see
+    key = " ".join(sorted(cpu_flags())) + _HEADER.read_text() + " ".join(flags)
     tag = hashlib.sha256(key.encode()).hexdigest()[:10]
-    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=fast", "-fopenmp"]  # OpenMP: at::parallel_for
     name = f"atgrpo_decode_attention_{tag}"
     try:  # say why the first run pauses (torch builds silently)
         from torch.utils.cpp_extension import _get_build_directory
@@ -58,7 +60,7 @@ def _build():
         print("atgrpo: building the native engine's CPU kernels for this machine (once, about 30 s)",
               file=sys.stderr)
     return load_inline(name=name, cpp_sources=[p.read_text() for p in _SOURCES],
-                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "bf16_pairs"],
+                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "rotate_write", "bf16_pairs"],
                        extra_cflags=flags, extra_include_paths=[str(_DIR)], extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -93,6 +95,16 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     then ``h / rms(h) * weight`` in ``dtype`` (float32 or bfloat16): a decoding step's residual add, RMSNorm and
     cast in one call instead of eight."""
     return module().add_rms_norm(h, delta, weight, eps, dtype == torch.bfloat16)
+
+
+def rotate_write(qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, own_k: torch.Tensor,
+                 own_v: torch.Tensor, t: int) -> torch.Tensor:
+    """A decoding step's rotary embedding and cache write in one call: the queries and keys ``qk  # (A, H + Hkv,
+    D)`` rotated (``x cos + roll(x) sin``, float32, rotate_half's signs folded into ``sin  # (A, 1, D)``), the keys
+    and the values ``v  # (A, Hkv, D)`` written at position ``t`` of ``own_k/v  # (A, Hkv, T, D)``; returns the
+    rotated queries ``(A, H, D)`` in the cache's dtype. The same numbers as the decoder's torch operations, bit
+    for bit (no fused multiply-add)."""
+    return module().rotate_write(qk, v, cos, sin, own_k, own_v, t)
 
 
 def transpose_keys(k: torch.Tensor) -> torch.Tensor:
