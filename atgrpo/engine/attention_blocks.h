@@ -3,8 +3,7 @@
 // for up to QB queries at once into each query's row of scores; the softmax in two passes over the whole row (its
 // max, then exp and sum: a task's rows fit the L2 cache, and no running rescale per block); the values' weighted
 // sum for several queries per value row read. With AVX-512 (-march=native on a CPU that has it) the loops are intrinsics;
-// elsewhere plain loops that the compiler vectorises as it can. exp is Cephes' expf polynomial (~1 ulp) with the
-// power of two by scalef.
+// elsewhere plain loops that the compiler vectorises as it can.
 #pragma once
 
 #include <torch/extension.h>
@@ -16,15 +15,12 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "vector_math.h"
 
 namespace atgrpo_attention {
 
 constexpr int BLOCK = 16;  // prompt keys per block: one 512-bit vector of float32
 constexpr int QB = 12;     // queries whose scores are accumulated together (12 vector registers)
-constexpr float EXP_LO = -87.0f;  // exp of anything below is 0 here (a masked score is -inf)
 // Prefetch distances. A step's keys and values come from memory, not the caches (each layer's are read once per
 // step), and one core's stream of misses is slower than its arithmetic: at a table cell's shape in float32 the
 // kernel took ~370 us per call with its keys and values in memory against ~190 with them in the caches; ~300 with
@@ -38,53 +34,6 @@ inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 inline void prefetch_lines(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) prefetch(static_cast<const char*>(p) + b);
 }
-
-inline float exp_scalar(float x) {
-  if (!(x >= EXP_LO)) return 0.0f;
-  x = std::fmin(x, 88.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float f = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * f + 1.3981999507e-3f;
-  y = y * f + 8.3334519073e-3f;
-  y = y * f + 4.1665795894e-2f;
-  y = y * f + 1.6666665459e-1f;
-  y = y * f + 5.0000001201e-1f;
-  y = y * f * f + f + 1.0f;
-  return std::scalbnf(y, static_cast<int>(n));
-}
-
-inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
-
-#ifdef __AVX512F__
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-inline __m512 exp16(__m512 x) {
-  const __mmask16 live = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_LO), _CMP_GE_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(EXP_LO)), _mm512_set1_ps(88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 f = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  f = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), f);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(f, f), _mm512_add_ps(f, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(y, n));
-}
-
-inline __mmask16 tail_mask(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1u);
-}
-#endif
 
 // Each query's softmax over its row of scores, in place: rows i < nq of S (``stride`` apart), the first n entries
 // of each (a masked score is -inf: probability 0). Leaves the unnormalised exp(s - max) and puts each row's sum in

@@ -238,9 +238,13 @@ class Decoder:
             with part("norm"):
                 h, x = _add_norm(w.post_norm, h, o, ldt, fused)
             with part("matmul"):
-                g, u = w.gate_up(x).chunk(2, -1)
+                gu = w.gate_up(x)
             with part("activation"):
-                a = F.silu(g) * u
+                if fused:  # one call of the CPU kernels
+                    a = kernels.silu_mul(gu)
+                else:
+                    g, u = gu.chunk(2, -1)
+                    a = F.silu(g) * u
             with part("matmul"):
                 a = w.down(a)
         if not static:

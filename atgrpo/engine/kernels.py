@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 
 _DIR = Path(__file__).parent
-_SOURCES = [_DIR / name for name in ("decode_attention.cpp", "prefill_attention.cpp", "rms_norm.cpp", "rotary.cpp")]
-_HEADER = _DIR / "attention_blocks.h"  # included by the attention sources
+_SOURCES = [_DIR / name for name in ("decode_attention.cpp", "prefill_attention.cpp", "rms_norm.cpp", "rotary.cpp",
+                                      "activation.cpp")]
+_HEADERS = [_DIR / name for name in ("attention_blocks.h", "vector_math.h")]  # included by the sources
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -46,8 +47,8 @@ def _build():
     flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     # built for this CPU (-march=native): its name carries the CPU's flags, so that a cache directory shared by
     # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run; and the
-    # header's text and the flags, which torch's rebuild check (it hashes the sources) may not see
-    key = " ".join(sorted(cpu_flags())) + _HEADER.read_text() + " ".join(flags)
+    # headers' text and the flags, which torch's rebuild check (it hashes the sources) may not see
+    key = " ".join(sorted(cpu_flags())) + "".join(h.read_text() for h in _HEADERS) + " ".join(flags)
     tag = hashlib.sha256(key.encode()).hexdigest()[:10]
     name = f"atgrpo_decode_attention_{tag}"
     try:  # say why the first run pauses (torch builds silently)
@@ -60,7 +61,8 @@ def _build():
         print("atgrpo: building the native engine's CPU kernels for this machine (once, about 30 s)",
               file=sys.stderr)
     return load_inline(name=name, cpp_sources=[p.read_text() for p in _SOURCES],
-                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "rotate_write", "bf16_pairs"],
+                       functions=["decode_attention", "prefill_attention", "add_rms_norm", "rotate_write", "silu_mul",
+                                  "bf16_pairs"],
                        extra_cflags=flags, extra_include_paths=[str(_DIR)], extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -105,6 +107,13 @@ def rotate_write(qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torc
     rotated queries ``(A, H, D)`` in the cache's dtype. The same numbers as the decoder's torch operations, bit
     for bit (no fused multiply-add)."""
     return module().rotate_write(qk, v, cos, sin, own_k, own_v, t)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of gate_up's output ``(A, 2C)`` (the gate, then the up projection; float32 or
+    bfloat16) in one call, in its dtype; in bfloat16 rounded as torch's two operations round (silu's result, then
+    the product)."""
+    return module().silu_mul(gate_up)
 
 
 def transpose_keys(k: torch.Tensor) -> torch.Tensor:
