@@ -107,56 +107,68 @@ inline void accumulate(const float* p, int64_t pstride, int nq, const T* v, int6
   }
 }
 
-// Scores of queries q[0..nq) (float32, pre-scaled, D each) against one block of BLOCK keys, transposed (D x BLOCK,
-// contiguous, zeros past the real keys), into s (nq rows ``sstride`` apart).
-template <typename T>
-inline void block_scores(const float* q, int nq, const T* kt, int D, float* s, int64_t sstride) {
+// Scores of QT queries q (float32, pre-scaled, D each) against NB blocks of BLOCK keys (each transposed, D x BLOCK,
+// contiguous, one after the other; zeros past the real keys), into s (QT rows ``sstride`` apart, NB * BLOCK
+// each). The QT x NB accumulators stay in registers; each query's value is broadcast once for the NB blocks.
+template <typename T, int QT, int NB>
+inline void scores_tile(const float* q, const T* kt, int D, float* s, int64_t sstride) {
 #ifdef __AVX512F__
-  for (int i0 = 0; i0 < nq; i0 += QB) {
-    const int qb = std::min(QB, nq - i0);
-    __m512 acc[QB];
-    for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_ps();
-    for (int d = 0; d < D; ++d) {
-      if (i0 == 0 && d * BLOCK * sizeof(T) % 64 == 0) prefetch(kt + PF_BLOCKS * D * BLOCK + d * BLOCK);
-      const __m512 kv = load16(kt + d * BLOCK);
-      for (int i = 0; i < qb; ++i)
-        acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[(i0 + i) * D + d]), kv, acc[i]);
+  __m512 acc[NB][QT];
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < QT; ++i) acc[b][i] = _mm512_setzero_ps();
+  for (int d = 0; d < D; ++d) {
+    __m512 kv[NB];
+    for (int b = 0; b < NB; ++b) {
+      const T* row = kt + b * D * BLOCK + d * BLOCK;
+      if (d * BLOCK * sizeof(T) % 64 == 0) prefetch(row + PF_BLOCKS * D * BLOCK);
+      kv[b] = load16(row);
     }
-    for (int i = 0; i < qb; ++i) _mm512_storeu_ps(s + (i0 + i) * sstride, acc[i]);
+    for (int i = 0; i < QT; ++i) {
+      const __m512 qv = _mm512_set1_ps(q[i * D + d]);
+      for (int b = 0; b < NB; ++b) acc[b][i] = _mm512_fmadd_ps(qv, kv[b], acc[b][i]);
+    }
   }
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < QT; ++i) _mm512_storeu_ps(s + i * sstride + b * BLOCK, acc[b][i]);
 #else
-  for (int i = 0; i < nq; ++i)
-    for (int j = 0; j < BLOCK; ++j) {
-      float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot += q[i * D + d] * to_float(kt[d * BLOCK + j]);
-      s[i * sstride + j] = dot;
-    }
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < QT; ++i)
+      for (int j = 0; j < BLOCK; ++j) {
+        float dot = 0.0f;
+        for (int d = 0; d < D; ++d) dot += q[i * D + d] * to_float(kt[b * D * BLOCK + d * BLOCK + j]);
+        s[i * sstride + b * BLOCK + j] = dot;
+      }
 #endif
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 constexpr bool kBf16Pairs = true;
-// block_scores for bfloat16 with AVX512-BF16: the block's keys as (D / 2, BLOCK, 2), each pair of dimensions of 16
-// keys one vector; q the queries' own bfloat16 values (nq x D, unscaled), so each step is one dot-product
-// instruction per query over two dimensions: products exact, sums float32. Scores times scale into s.
-inline void block_scores_bf16(const c10::BFloat16* q, int nq, const c10::BFloat16* kt, int D, float scale, float* s,
-                              int64_t sstride) {
-  for (int i0 = 0; i0 < nq; i0 += QB) {
-    const int qb = std::min(QB, nq - i0);
-    __m512 acc[QB];
-    for (int i = 0; i < QB; ++i) acc[i] = _mm512_setzero_ps();
-    for (int dp = 0; dp < D / 2; ++dp) {
-      if (i0 == 0) prefetch(kt + PF_BLOCKS * D * BLOCK + dp * 2 * BLOCK);
-      const __m512bh kv = (__m512bh)_mm512_loadu_si512(kt + dp * 2 * BLOCK);
-      for (int i = 0; i < qb; ++i) {
-        int32_t pair;
-        std::memcpy(&pair, q + (i0 + i) * D + 2 * dp, sizeof(pair));
-        acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_set1_epi32(pair), kv);
-      }
+// scores_tile for bfloat16 with AVX512-BF16: each block's keys as (D / 2, BLOCK, 2), each pair of dimensions of 16
+// keys one vector; q the queries' own bfloat16 values (QT x D, unscaled), so each step is one dot-product
+// instruction per query and block over two dimensions: products exact, sums float32. Scores times scale into s.
+template <int QT, int NB>
+inline void scores_tile_bf16(const c10::BFloat16* q, const c10::BFloat16* kt, int D, float scale, float* s,
+                             int64_t sstride) {
+  __m512 acc[NB][QT];
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < QT; ++i) acc[b][i] = _mm512_setzero_ps();
+  for (int dp = 0; dp < D / 2; ++dp) {
+    __m512bh kv[NB];
+    for (int b = 0; b < NB; ++b) {
+      const c10::BFloat16* row = kt + b * D * BLOCK + dp * 2 * BLOCK;
+      prefetch(row + PF_BLOCKS * D * BLOCK);
+      kv[b] = (__m512bh)_mm512_loadu_si512(row);
     }
-    const __m512 sc = _mm512_set1_ps(scale);
-    for (int i = 0; i < qb; ++i) _mm512_storeu_ps(s + (i0 + i) * sstride, _mm512_mul_ps(acc[i], sc));
+    for (int i = 0; i < QT; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, q + i * D + 2 * dp, sizeof(pair));
+      const __m512bh qv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int b = 0; b < NB; ++b) acc[b][i] = _mm512_dpbf16_ps(acc[b][i], qv, kv[b]);
+    }
   }
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int b = 0; b < NB; ++b)
+    for (int i = 0; i < QT; ++i) _mm512_storeu_ps(s + i * sstride + b * BLOCK, _mm512_mul_ps(acc[b][i], sc));
 }
 #else
 constexpr bool kBf16Pairs = false;
@@ -248,20 +260,50 @@ inline void accumulate_values(const float* p, int64_t pstride, int nq, const T* 
 }
 
 
-// One block's scores for queries given as float32 (pre-scaled, ``qf``) and as their own values (``qraw``): the
-// bfloat16 dot-product path where it is built, else block_scores.
-template <typename T>
-inline void scores(const float* qf, const T* qraw, int nq, const T* block, int D, float scale, float* s,
-                   int64_t sstride) {
+// Scores of QT queries against NB blocks: the bfloat16 dot-product tile where it is built, else the float32 one.
+template <typename T, int QT, int NB>
+inline void scores_qt(const float* qf, const T* qraw, const T* kt, int D, float scale, float* s, int64_t sstride) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    block_scores_bf16(qraw, nq, block, D, scale, s, sstride);
+    scores_tile_bf16<QT, NB>(qraw, kt, D, scale, s, sstride);
     return;
   }
 #endif
   (void)qraw;
   (void)scale;
-  block_scores<T>(qf, nq, block, D, s, sstride);
+  scores_tile<T, QT, NB>(qf, kt, D, s, sstride);
+}
+
+template <typename T, int NB>
+inline void scores_chunk(const float* qf, const T* qraw, int qt, const T* kt, int D, float scale, float* s,
+                         int64_t sstride) {
+  switch (qt) {  // the query count as a constant, so that the accumulators are registers
+#define ATGRPO_QT(n) \
+  case n: return scores_qt<T, n, NB>(qf, qraw, kt, D, scale, s, sstride);
+    ATGRPO_QT(1) ATGRPO_QT(2) ATGRPO_QT(3) ATGRPO_QT(4) ATGRPO_QT(5) ATGRPO_QT(6)
+    ATGRPO_QT(7) ATGRPO_QT(8) ATGRPO_QT(9) ATGRPO_QT(10) ATGRPO_QT(11) ATGRPO_QT(12)
+#undef ATGRPO_QT
+    default: TORCH_CHECK(false, "scores: at most QB queries per chunk");
+  }
+}
+
+// Scores of queries nq (float32, pre-scaled: ``qf``; their own values: ``qraw``) against ``nblocks`` blocks of keys
+// (transpose_keys' layout, one after the other), into s (nq rows ``sstride`` apart, nblocks * BLOCK each): QB
+// queries at a time against two blocks at a time, so that each key vector and each query's broadcast serve two
+// multiply-adds.
+template <typename T>
+inline void scores(const float* qf, const T* qraw, int nq, const T* kt, int64_t nblocks, int D, float scale,
+                   float* s, int64_t sstride) {
+  for (int i0 = 0; i0 < nq; i0 += QB) {
+    const int qt = std::min(QB, nq - i0);
+    const float* qfi = qf + static_cast<int64_t>(i0) * D;
+    const T* qri = qraw + static_cast<int64_t>(i0) * D;
+    float* si = s + i0 * sstride;
+    int64_t b = 0;
+    for (; b + 2 <= nblocks; b += 2)
+      scores_chunk<T, 2>(qfi, qri, qt, kt + b * D * BLOCK, D, scale, si + b * BLOCK, sstride);
+    if (b < nblocks) scores_chunk<T, 1>(qfi, qri, qt, kt + b * D * BLOCK, D, scale, si + b * BLOCK, sstride);
+  }
 }
 
 // Scores of queries q[0..nq) against keys k (n rows of D, contiguous), into s (nq rows ``sstride`` apart).

@@ -46,9 +46,8 @@ void run(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& pv, const
           Q.load(static_cast<int>(ri * n_rep + e), qp + (rows[ri] * H + h * n_rep + e) * D, static_cast<float>(scale));
       const T* kt = pktp + (g * Hkv + h) * NB * D * BLOCK;
       const T* vv = pvp + (g * Hkv + h) * Pv * D;
-      for (int64_t j0 = 0; j0 < Pn; j0 += BLOCK)  // the prompt part: all the task's queries per block
-        scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt + (j0 / BLOCK) * D * BLOCK, D, static_cast<float>(scale),
-                  Q.row(0) + j0, Q.stride);
+      scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt, Pb / BLOCK, D, static_cast<float>(scale), Q.row(0),
+                Q.stride);  // the prompt part: all the task's queries against each block
       for (int i = 0; i < nq; ++i)
         for (int64_t j = Pn; j < Pb; ++j) Q.row(i)[j] = -INFINITY;
       for (size_t ri = 0; ri < rows.size(); ++ri)  // the own part: each row's queries against its own keys

@@ -36,9 +36,7 @@ void run_prefill(const at::Tensor& q, const at::Tensor& pkt, const at::Tensor& p
       for (int i = 0; i < nq; ++i) Q.load(i, qp + row(i), static_cast<float>(scale));
       const T* kt = pktp + (g * Hkv + h) * NB * D * BLOCK;
       const T* vv = pvp + (g * Hkv + h) * Pv * D;
-      for (int64_t kb = 0; kb <= qb; ++kb)
-        scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt + kb * D * BLOCK, D, static_cast<float>(scale),
-                  Q.row(0) + kb * BLOCK, Q.stride);
+      scores<T>(Q.qf.data(), Q.qraw.data(), nq, kt, qb + 1, D, static_cast<float>(scale), Q.row(0), Q.stride);
       for (int i = 0; i < nq; ++i)  // keys after the query's own position
         for (int64_t j = t0 + i / n_rep + 1; j < n; ++j) Q.row(i)[j] = -INFINITY;
       softmax_rows(Q.S.data(), Q.stride, nq, n, Q.l.data());
