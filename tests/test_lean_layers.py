@@ -3,7 +3,7 @@
 The forward is bit-identical (float32, bfloat16 weights, bfloat16 autocast on float32 weights); parameter and
 input gradients agree within float32 rounding (and within bfloat16 rounding under autocast); the backward keeps
 what the docstring says: per token and layer, each norm's input and one reciprocal RMS, one bfloat16 norm output
-under autocast, SwiGLU's two inputs, counted from the autograd graph."""
+under autocast, SwiGLU's two inputs (not the down projection's input), counted from the autograd graph."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from atgrpo.policies.lean_layers import RMSNormFunction, SwiGLUFunction, make_lean
+from atgrpo.policies.lean_layers import RMSNormFunction, SwiGLUDownFunction, SwiGLUFunction, make_lean
 from atgrpo.policies.precision import apply_autocast
 from atgrpo.trainer.memory import saved_tensor_bytes
 
@@ -85,13 +85,39 @@ def test_functions_match_autograd_of_the_plain_expressions():
     gate = torch.randn(4, 9, generator=g, dtype=torch.float64, requires_grad=True)
     up = torch.randn(4, 9, generator=g, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(SwiGLUFunction.apply, (gate, up))
+    w = torch.randn(6, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda *a: SwiGLUDownFunction.apply(*a, torch.float64), (gate, up, w, b))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_swiglu_down_is_swiglu_then_the_linear_bit_for_bit(autocast):
+    """The fused down projection against SwiGLU then nn.Linear (under bfloat16 autocast: the linear in bfloat16):
+    outputs and every gradient equal, bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    gate, up = torch.randn(3, 5, 40, generator=g), torch.randn(3, 5, 40, generator=g)
+    lin = torch.nn.Linear(40, 24)
+    results = []
+    for fused in (False, True):
+        lin.zero_grad()
+        gt, ut = gate.clone().requires_grad_(), up.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            gg, uu = (gt.to(torch.bfloat16), ut.to(torch.bfloat16)) if autocast else (gt, ut)
+            if fused:
+                y = SwiGLUDownFunction.apply(gg, uu, lin.weight, lin.bias, torch.bfloat16 if autocast else torch.float32)
+            else:
+                y = lin(SwiGLUFunction.apply(gg, uu))
+        (y.float() ** 2).sum().backward()
+        results.append((y.detach(), gt.grad, ut.grad, lin.weight.grad.clone(), lin.bias.grad.clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
 def test_the_backward_keeps_what_the_docstring_says():
     """Per token and layer: each norm's float32 input and reciprocal RMS and its one bfloat16 output, SwiGLU's
     gate and up, where the stock modules keep each norm's input, normalised input and reciprocal RMS, a bfloat16
-    cast per linear that reads it (five), and SwiGLU's gate, SiLU output and up: ``14 * hidden + 2 * intermediate``
-    bytes less per token and layer, and ``4 * hidden`` less per token at the final norm (no cast there)."""
+    cast per linear that reads it (five), SwiGLU's gate, SiLU output and up, and the down projection's input:
+    ``14 * hidden + 4 * intermediate`` bytes less per token and layer, and ``4 * hidden`` less per token at the
+    final norm (no cast there); and the down projection's bfloat16 weight, cast again in the backward."""
     cfg = dict(SIZES, hidden_size=128, intermediate_size=384, num_hidden_layers=2)
     torch.manual_seed(0)
     stock = LlamaForCausalLM(LlamaConfig(**cfg))
@@ -103,5 +129,5 @@ def test_the_backward_keeps_what_the_docstring_says():
     for name, m in (("stock", stock), ("lean", lean)):
         kept[name] = sum(saved_tensor_bytes(m(input_ids=ids).logits.sum()).values())
     h, i, layers, tokens = 128, 384, 2, 512
-    saved = layers * tokens * (14 * h + 2 * i) + tokens * 4 * h
+    saved = layers * tokens * (14 * h + 4 * i) + tokens * 4 * h + layers * h * i * 2  # + the down weight's cast
     assert kept["stock"] - kept["lean"] == saved, kept

@@ -5,13 +5,16 @@ transformers' RMSNorm (Llama, Qwen2, Qwen3) is a chain of autograd operations th
 normalised input (``2 * hidden`` float32 elements per token per norm, under autocast too); under bfloat16 autocast
 each linear that reads the norm's output then keeps its own bfloat16 cast of it (three for the query/key/value
 projections, two for gate/up). Its MLP keeps the gate projection (for SiLU), SiLU's output and the up projection
-(for the product). Per token and layer that is ``14 * hidden + 2 * intermediate`` bytes more than needed under
-autocast (``tests/test_lean_layers.py`` counts it in the autograd graph).
+(for the product), and the down projection keeps its input, the product. Per token and layer that is
+``14 * hidden + 4 * intermediate`` bytes more than needed under autocast (``tests/test_lean_layers.py`` counts it
+in the autograd graph).
 
 Here each norm saves its input and one reciprocal RMS per row and recomputes the normalised input in the
 backward; a decoder layer's two norms (the ones whose outputs feed linear layers) hand out a bfloat16 output under
 autocast, cast once, so the linears that read it share one copy. SwiGLU (``silu(gate) * up``) saves gate and up
-and recomputes SiLU (its gradients bit-identical). The forward computes the same operations as transformers'
+and recomputes SiLU (its gradients bit-identical); with a plain linear down projection SwiGLU and the projection
+are one function that recomputes the product for the projection's weight gradient (``SwiGLUDownFunction``:
+outputs and gradients bit-identical). The forward computes the same operations as transformers'
 modules, so outputs are bit-identical; the norms' gradients are the same functions computed in another order
 (float32 rounding apart, ``tests/test_lean_layers.py``). One difference under autocast: the three (two) gradients
 that flow back into a shared bfloat16 norm output are summed in bfloat16 by autograd before the norm's backward
@@ -79,6 +82,37 @@ class SwiGLUFunction(torch.autograd.Function):
         return g_gate, g_up
 
 
+class SwiGLUDownFunction(torch.autograd.Function):
+    """``down(silu(gate) * up)`` for a plain linear ``down`` (weight, bias) computing in ``dtype`` (autocast's, as
+    autocast runs the linear, or the weight's): saves gate and up only. The down projection's weight gradient needs
+    its input ``silu(gate) * up``, which a plain linear keeps (``intermediate`` elements per token); here it is
+    recomputed in the backward, which computes SiLU anyway. The operations are those autograd runs for SwiGLU then
+    ``F.linear`` on the cast weight: the same outputs and gradients."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                dtype: torch.dtype):
+        ctx.save_for_backward(gate, up, weight, bias)
+        ctx.dtype = dtype
+        with torch.autocast(gate.device.type, enabled=False):
+            return F.linear((F.silu(gate) * up).to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        gate, up, weight, bias = ctx.saved_tensors
+        with torch.autocast(gate.device.type, enabled=False):
+            s = F.silu(gate)
+            a = (s * up).to(ctx.dtype)
+            w = weight.to(ctx.dtype)
+            flat_gy, flat_a = gy.reshape(-1, gy.shape[-1]), a.reshape(-1, a.shape[-1])
+            gw = flat_gy.t().mm(flat_a).to(weight.dtype) if ctx.needs_input_grad[2] else None
+            gb = flat_gy.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
+            ga = gy.matmul(w).to(up.dtype)
+            g_up = ga * s if ctx.needs_input_grad[1] else None
+            g_gate = torch.ops.aten.silu_backward(ga * up, gate) if ctx.needs_input_grad[0] else None
+        return g_gate, g_up, gw, gb, None
+
+
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     out = None
     if self.atgrpo_cast_output and torch.is_autocast_enabled(x.device.type):
@@ -87,7 +121,12 @@ def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _mlp_forward(self, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(SwiGLUFunction.apply(self.gate_proj(x), self.up_proj(x)))
+    gate, up, down = self.gate_proj(x), self.up_proj(x), self.down_proj
+    if type(down) is torch.nn.Linear and not down._forward_hooks and not down._forward_pre_hooks:
+        auto = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if auto else down.weight.dtype
+        return SwiGLUDownFunction.apply(gate, up, down.weight, down.bias, dtype)
+    return down(SwiGLUFunction.apply(gate, up))  # a wrapped down projection (LoRA's): it runs itself
 
 
 def supports(config) -> bool:
