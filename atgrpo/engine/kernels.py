@@ -13,8 +13,8 @@ merge. ``prefill_attention`` runs the prompts' causal attention on the same bloc
 the eight operations of a residual add, norm and cast.
 
 The kernels are compiled once per machine at first use (``torch.utils.cpp_extension.load_inline``, about 30 s;
-``-O3 -march=native -fopenmp``, cached by torch under ``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``, under a name that carries the CPU's flags). Where they cannot be built (no
+``-O3 -march=native -fopenmp``, or the target ``ATGRPO_KERNEL_MARCH`` names; cached by torch under
+``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, under a name that carries the CPU's flags). Where they cannot be built (no
 compiler, a failed build) or are switched off (``ATGRPO_NATIVE_KERNELS=0``) the decoder runs its torch path, with
 one note on stderr saying why; ``available()`` says which.
 """
@@ -44,7 +44,10 @@ def _build():
 
     # OpenMP: at::parallel_for. No contraction into fused multiply-adds: the rotation and the norm round as
     # torch's elementwise operations do (the attention's fused multiply-adds are written out as intrinsics)
-    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
+    # ATGRPO_KERNEL_MARCH: another target than this CPU (x86-64-v2: the plain loops a CPU without AVX-512 runs;
+    # tests/test_engine_kernel_generic.py builds it so that those paths are tested on any machine)
+    march = os.environ.get("ATGRPO_KERNEL_MARCH", "native")
+    flags = ["-O3", f"-march={march}", "-fno-math-errno", "-ffp-contract=off", "-fopenmp"]
     # built for this CPU (-march=native): its name carries the CPU's flags, so that a cache directory shared by
     # machines of other CPUs (a home directory on a cluster) never hands one a build it cannot run; and the
     # headers' text and the flags, which torch's rebuild check (it hashes the sources) may not see
