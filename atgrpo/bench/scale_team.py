@@ -11,12 +11,14 @@ The methods, as on the other axes:
   at a time (``PerBranch``): each branch prefills its prompt, as the reference code's requests do;
 - ``update_shared_prefix`` / ``update_per_sample``: one forward + backward of the PPO loss over the samples the
   rollout produced (every node's K responses, their log-probs as sampled), the shared-prefix loss as shipped
-  against one sequence per sample (``bench.update.loss_backward``, micro-batched as ``update_policy`` does).
+  against one sequence per sample (``bench.update.loss_backward``, micro-batched as ``update_policy`` does; the
+  per-sample micro-batches hold at most ``token_budget`` padded tokens, the budget the shared-prefix ones are
+  packed under, as a user sets ``algo.micro_batch_size`` for long sequences).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -81,11 +83,15 @@ def team_methods(shape: ScaleShape, policy) -> tuple[dict[str, Callable[[], obje
     old = torch.tensor([s.logprobs for s in samples])
     adv = torch.randn(len(samples), generator=torch.Generator().manual_seed(shape.seed + 2))
     algo = shape.algo()
+    # per-sample micro-batches under the same padded-token budget the shared-prefix ones are packed under: with
+    # prompts grown by the transcript, 256 sequences in one float32 micro-batch of the tiny model need >10 GB
+    longest = max(len(p) + len(r) for p, r in zip(prompts, responses))
+    per_sample = replace(algo, micro_batch_size=max(1, min(algo.micro_batch_size, algo.update_token_budget // longest)))
 
     def update(shared):
         def f():
             policy.model.zero_grad(set_to_none=True)
-            loss_backward(policy, prompts, responses, old, adv, shared, algo)
+            loss_backward(policy, prompts, responses, old, adv, shared, algo if shared else per_sample)
         return f
 
     methods = {"rollout_tree": rollout(policy), "rollout_per_branch": rollout(PerBranch(policy)),
@@ -93,6 +99,7 @@ def team_methods(shape: ScaleShape, policy) -> tuple[dict[str, Callable[[], obje
     tokens = sum(len(r) for r in responses)
     plens = [len(p) for p in prompts]
     info = {"nodes": len({(s.turn, s.agent) for s in samples}), "samples": len(samples),
+            "per_sample_micro_batch": per_sample.micro_batch_size,
             "turns_run": max(e.turns for e in episodes), "prompt_tokens_mean": sum(plens) / len(plens),
             "prompt_tokens_max": max(plens)}
     return methods, dict.fromkeys(methods, tokens), info
