@@ -38,7 +38,7 @@ import torch
 
 from ..trainer.memory import phase
 from .common import bench_prompts, interleaved, machine, make_policy, shape_dict, suppress_eos, write_report
-from .scale_team import ScaleShape, team_methods
+from .scale_team import ScaleShape, team_methods, update_gflop
 from .update import loss_backward, make_batch
 
 PRESETS = {
@@ -99,7 +99,8 @@ def node_methods(shape: ScaleShape, policy) -> tuple[dict, dict[str, int], dict]
         "update_per_sample": update(False),
     }
     tokens = len(prompts) * K * T
-    return methods, dict.fromkeys(methods, tokens), {"nodes": 1, "samples": len(prompts) * K}
+    return methods, dict.fromkeys(methods, tokens), {"nodes": 1, "samples": len(prompts) * K,
+                                                     "update_gflop": update_gflop(policy, batch_prompts, responses)}
 
 
 def measure(shape: ScaleShape, policy, axis: str) -> dict:
@@ -185,7 +186,7 @@ def point_table(result: dict) -> list[str]:
     """Every point: seconds, tokens/s and peak RSS (MiB) of each phase; shipped / baseline in each cell."""
     pairs = [("rollout s", "rollout_tree", "rollout_per_branch"), ("update s", "update_shared_prefix",
              "update_per_sample"), ("step s", "step_shipped", "step_baseline")]
-    head = ["axis", "value", "nodes", "samples"] + [p[0] for p in pairs] + ["step tokens/s"] + [
+    head = ["axis", "value", "nodes", "samples"] + [p[0] for p in pairs] + ["step tokens/s", "update GFLOP"] + [
         f"{p[0][:-2]} peak MiB" for p in pairs]
     lines = ["### Every point (as shipped / baseline: tree / per-branch, shared prefix / per-sample)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -194,6 +195,8 @@ def point_table(result: dict) -> list[str]:
             cells = [axis, r["value"], r["info"]["nodes"], r["info"]["samples"]]
             cells += [f"{r[x]['seconds']:.3g} / {r[y]['seconds']:.3g}" for _, x, y in pairs]
             cells.append(f"{r['step_shipped']['tokens_per_s']:.0f} / {r['step_baseline']['tokens_per_s']:.0f}")
+            flop = r["info"]["update_gflop"]
+            cells.append(f"{flop['shared_prefix']:.3g} / {flop['per_sample']:.3g}")
             cells += [f"{_mib(r[x])} / {_mib(r[y])}" for _, x, y in pairs]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
@@ -213,6 +216,7 @@ def plot_axis(out_dir: str, axis: str, data: dict) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     xs = [r["value"] for r in data["points"]]
@@ -221,6 +225,8 @@ def plot_axis(out_dir: str, axis: str, data: dict) -> str:
         ax.plot(xs, ys, marker="o", linestyle="--" if m in STEPS else "-",
                 label=f"{m} (exponent {_fmt_slope(data['slopes'][m])})")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_yscale("log")
     ax.set_xlabel(LABELS[axis])
     ax.set_ylabel("seconds (median)")

@@ -27,7 +27,7 @@ from ..rollout.sampling import Sampling
 from ..rollout.tree import tree_rollout
 from .common import Shape, bench_prompts
 from .scripted_turns import ScriptedTurns, team_roles
-from .update import loss_backward
+from .update import loss_backward, model_flops
 
 
 @dataclass
@@ -101,5 +101,11 @@ def team_methods(shape: ScaleShape, policy) -> tuple[dict[str, Callable[[], obje
     info = {"nodes": len({(s.turn, s.agent) for s in samples}), "samples": len(samples),
             "per_sample_micro_batch": per_sample.micro_batch_size,
             "turns_run": max(e.turns for e in episodes), "prompt_tokens_mean": sum(plens) / len(plens),
-            "prompt_tokens_max": max(plens)}
+            "prompt_tokens_max": max(plens), "update_gflop": update_gflop(policy, prompts, responses)}
     return methods, dict.fromkeys(methods, tokens), info
+
+
+def update_gflop(policy, prompts, responses) -> dict[str, float]:
+    """Model GFLOP of one forward + backward of the batch, shared prefix and per sample (``update.model_flops``)."""
+    return {"shared_prefix": model_flops(policy, prompts, responses, True) / 1e9,
+            "per_sample": model_flops(policy, prompts, responses, False) / 1e9}
