@@ -40,8 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
     p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps); "
-                   "scale: three points on K, turns and agents, two on the others, one repetition (a warm-up first at each "
-                   "axis's first point)")
+                   "scale: three points on K, turns and agents, two on the others, one repetition (a warm-up first "
+                   "at each axis's first point)")
     p.add_argument("--axes", help="scale: comma-separated subset of K,prompt,problems,turns,agents (default: all; "
                    "turns and agents time a whole episode of a scripted team and its update)")
     p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku,math; experts: of "

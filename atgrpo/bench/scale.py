@@ -171,11 +171,11 @@ def bench_scale(out_dir: str, preset: str = "tiny", quick: bool = False, axes: l
     table = [(axis, m, _fmt_slope(a["slopes"][m]),
               " / ".join(f"{r['value']}: {r[m]['seconds']:.3g}s" for r in a["points"]))
              for axis, a in result["axes"].items() for m in (*METHODS, *STEPS)]
-    notes = [f"preset {preset}{' (quick)' if quick else ''}; base shape {json.dumps(result['base'])}; exponent = "
-             f"log-log slope of seconds on the axis; step_shipped = rollout_tree + update_shared_prefix, "
-             f"step_baseline = rollout_per_branch + update_per_sample",
-             "turns, agents: one whole episode of a scripted team (turns x agents nodes, prompts growing with the "
-             "transcript) and the update of its samples; K, prompt, problems: one node"]
+    notes = [(f"preset {preset}{' (quick)' if quick else ''}; base shape {json.dumps(result['base'])}; exponent = "
+              "log-log slope of seconds on the axis; step_shipped = rollout_tree + update_shared_prefix, "
+              "step_baseline = rollout_per_branch + update_per_sample"),
+             ("turns, agents: one whole episode of a scripted team (turns x agents nodes, prompts growing with the "
+              "transcript) and the update of its samples; K, prompt, problems: one node")]
     write_report(out_dir, "scale", result, table, ("axis", "method", "exponent", "seconds per point"), notes)
     with open(os.path.join(out_dir, "scale.md"), "a") as f:
         f.write("\n".join(point_table(result)) + "\n")
