@@ -49,8 +49,8 @@ PRESETS = {
     # than 24 GB of activations (a run of this preset was killed there)
     "smollm2": (ScaleShape(prompts=2, prompt_len=(256, 256), K=4, new_tokens=16, reps=2, warmup=1,
                            model="smollm2-135m", micro_batch_size=2, token_budget=4096),
-                # team axes shortened: one 4-node point (K = 2, 4 new tokens, 1 thread) took 27 s of shared-prefix
-                # and 42 s of per-sample update, so 16 nodes at K = 4 would take most of an hour by themselves
+                # team axes shortened: one 4-node point (``measure`` at K = 2, 4 new tokens, 1 thread) took 27 s of
+                # shared-prefix and 42 s of per-sample update, so 16 nodes at K = 4 would take most of an hour alone
                 {"K": [1, 2, 4, 8, 16], "prompt": [64, 256, 1024, 2048], "problems": [1, 2, 4, 8],
                  "turns": [1, 2, 4], "agents": [1, 2, 3]}),
 }
