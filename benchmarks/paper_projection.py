@@ -69,7 +69,8 @@ def main(argv: list[str]) -> None:
     node_axes = load("scale", "tiny", "scale.json")["axes"]
     turns = load("scale", "tiny_teams", "scale.json")["axes"]["turns"]["slopes"]
     exps = {phase: {"problems": node_axes["problems"]["slopes"][m], "prompt": node_axes["prompt"]["slopes"][m],
-                    "nodes": turns[m]} for phase, m in (("rollout", "rollout_tree"), ("update", "update_shared_prefix"))}
+                    "nodes": turns[m]}
+            for phase, m in (("rollout", "rollout_tree"), ("update", "update_shared_prefix"))}
     print(f"PROJECTION, not a measurement: {a.nodes} nodes x {a.problems} problems, K = {a.K}, prompt {a.prompt} + "
           f"{a.new} new tokens; reference SmolLM2-135M, {ref['prompts']} problems x {ref['prompt_len'][0]} tokens, "
           f"K = {ref['K']}, {ref['new_tokens']} new tokens, 1 node ({roll['machine']['cpu_model']}, "
