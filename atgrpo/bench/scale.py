@@ -23,7 +23,7 @@ Each axis's log-log slope per method (the growth exponent: least squares of log 
 table: the tree sampler's prefill is flat in K and its decode linear, so its exponent in K sits below the
 per-branch baseline's, which prefills K times; the shared-prefix update grows with K x response length, the
 per-sample one with K x (prompt + response). A team's rollout runs turns x agents nodes one after the other, so
-its exponent in either is about one, a little above where prompts grow with the transcript.
+its exponent in either would be one at a fixed prompt; prompts that grow with the transcript put it above one.
 """
 
 from __future__ import annotations
