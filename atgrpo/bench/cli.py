@@ -40,8 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tag", help="file name suffix (default: the preset name)")
     p.add_argument("--out", default="bench_out", help="output directory (default: bench_out/)")
     p.add_argument("--quick", action="store_true", help="learning, teams: the smoke-test size (1 seed, 1-2 steps); "
-                   "scale: three points on K, two on the others, one repetition after a warm-up")
-    p.add_argument("--axes", help="scale: comma-separated subset of K,prompt,problems (default: all)")
+                   "scale: three points on K, turns and agents, two on the others, one repetition (a warm-up first "
+                   "at each axis's first point)")
+    p.add_argument("--axes", help="scale: comma-separated subset of K,prompt,problems,turns,agents (default: all; "
+                   "turns and agents time a whole episode of a scripted team and its update)")
     p.add_argument("--tasks", help="learning: comma-separated subset of plan_path,sokoban,sudoku,math; experts: of "
                    "the three games; real-table: of math,plan_path,sokoban,sudoku,code")
     p.add_argument("--rows", help="real-table: comma-separated subset of single,single_grpo,mas,mas_L1,mas_L3 (a "
@@ -119,7 +121,8 @@ def run(args) -> int:
         bench_scale(out, args.preset, args.quick, args.axes.split(",") if args.axes else None, args.threads,
                     command=" ".join(["atgrpo bench scale --preset", args.preset] + (["--quick"] if args.quick else [])
                                      + (["--axes", args.axes] if args.axes else [])
-                                     + (["--threads", str(args.threads)] if args.threads else [])))
+                                     + (["--threads", str(args.threads)] if args.threads else [])
+                                     + (["--out", args.out] if args.out != "bench_out" else [])))
         with open(f"{out}/scale.md") as f:
             print(f.read())
         return 0
