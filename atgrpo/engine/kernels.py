@@ -1,6 +1,7 @@
 """The native engine's own CPU kernels (``decode_attention.cpp``, ``prefill_attention.cpp`` on
-``attention_blocks.h``, ``rms_norm.cpp``): a decoding step's cascade attention, the prefill's causal attention,
-and the residual add + RMSNorm + cast, each in one call.
+``attention_blocks.h``; ``rms_norm.cpp``, ``rotary.cpp``, ``activation.cpp``; ``vector_math.h`` shared): a
+decoding step's cascade attention, the prefill's causal attention, the residual add + RMSNorm + cast, the rotary
+embedding + own-cache write, and SiLU x up, each in one call.
 
 At a table cell's shape (16 rows, prompts of ~1,000 tokens, SmolLM2's 9 query heads over 3 key/value heads) torch's
 fused attention ran the prompt part at 75-90 GFLOP/s, and the own part and the merge (a second fused call, a
@@ -14,9 +15,9 @@ the eight operations of a residual add, norm and cast.
 
 The kernels are compiled once per machine at first use (``torch.utils.cpp_extension.load_inline``, about 30 s;
 ``-O3 -march=native -fopenmp``, or the target ``ATGRPO_KERNEL_MARCH`` names; cached by torch under
-``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, under a name that carries the CPU's flags). Where they cannot be built (no
-compiler, a failed build) or are switched off (``ATGRPO_NATIVE_KERNELS=0``) the decoder runs its torch path, with
-one note on stderr saying why; ``available()`` says which.
+``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``, under a name that carries the CPU's flags). Where
+they cannot be built (no compiler, a failed build) or are switched off (``ATGRPO_NATIVE_KERNELS=0``) the decoder
+runs its torch path, with one note on stderr saying why; ``available()`` says which.
 """
 
 from __future__ import annotations
