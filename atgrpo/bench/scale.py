@@ -38,7 +38,7 @@ import torch
 
 from ..trainer.memory import phase
 from .common import bench_prompts, interleaved, machine, make_policy, shape_dict, suppress_eos, write_report
-from .scale_team import ScaleShape, team_methods, update_gflop
+from .scale_team import ScaleShape, shared_prefix_algo, team_methods, update_gflop
 from .update import loss_backward, make_batch
 
 PRESETS = {
@@ -46,7 +46,8 @@ PRESETS = {
              {"K": [1, 2, 4, 8, 16, 32], "prompt": [64, 128, 256, 512, 1024], "problems": [1, 2, 4, 8, 16],
               "turns": [1, 2, 4, 8], "agents": [1, 2, 3, 4]}),
     # per-sample scoring two sequences at a time: 8 sequences of 2,064 tokens in one float32 micro-batch need more
-    # than 24 GB of activations (a run of this preset was killed there)
+    # than 24 GB of activations (a run of this preset was killed there); the shared prefix takes 16 responses a
+    # micro-batch (``shared_prefix_algo``)
     "smollm2": (ScaleShape(prompts=2, prompt_len=(256, 256), K=4, new_tokens=16, reps=2, warmup=1,
                            model="smollm2-135m", micro_batch_size=2, token_budget=4096),
                 # team axes shortened: one 4-node point (``measure`` at K = 2, 4 new tokens, 1 thread) took 27 s of
@@ -91,7 +92,8 @@ def node_methods(shape: ScaleShape, policy) -> tuple[dict, dict[str, int], dict]
     def update(shared):
         def f():
             policy.model.zero_grad(set_to_none=True)
-            loss_backward(policy, batch_prompts, responses, old, adv, shared, algo)
+            run_algo = shared_prefix_algo(algo) if shared else algo
+            loss_backward(policy, batch_prompts, responses, old, adv, shared, run_algo)
         return f
 
     methods = {

@@ -29,6 +29,17 @@ from .common import Shape, bench_prompts
 from .scripted_turns import ScriptedTurns, team_roles
 from .update import loss_backward, model_flops
 
+SHARED_PREFIX_ROWS = 16  # responses per shared-prefix micro-batch at least, as the real configs set micro_batch_size
+
+
+def shared_prefix_algo(algo):
+    """The update settings the shared-prefix loss runs under: the shape's, with at least ``SHARED_PREFIX_ROWS``
+    responses per micro-batch (under the same token budget). A preset's small ``micro_batch_size`` is for the
+    per-sample baseline's memory (whole sequences); capping the shared prefix's rows there too would run each
+    prompt again for every two responses, which is not how the trainer is configured (``configs/real``: 16)."""
+    return replace(algo, micro_batch_size=max(algo.micro_batch_size, SHARED_PREFIX_ROWS))
+
+
 
 @dataclass
 class ScaleShape(Shape):
@@ -91,7 +102,8 @@ def team_methods(shape: ScaleShape, policy) -> tuple[dict[str, Callable[[], obje
     def update(shared):
         def f():
             policy.model.zero_grad(set_to_none=True)
-            loss_backward(policy, prompts, responses, old, adv, shared, algo if shared else per_sample)
+            run_algo = shared_prefix_algo(algo) if shared else per_sample
+            loss_backward(policy, prompts, responses, old, adv, shared, run_algo)
         return f
 
     methods = {"rollout_tree": rollout(policy), "rollout_per_branch": rollout(PerBranch(policy)),
