@@ -38,8 +38,8 @@ import torch
 
 from ..trainer.memory import phase
 from .common import bench_prompts, interleaved, machine, make_policy, shape_dict, suppress_eos, write_report
-from .scale_team import ScaleShape, shared_prefix_algo, team_methods, update_gflop
-from .update import loss_backward, make_batch
+from .scale_team import ScaleShape, team_methods, update_gflop, update_methods
+from .update import make_batch
 
 PRESETS = {
     "tiny": (ScaleShape(prompts=4, prompt_len=(128, 128), K=4, new_tokens=16, reps=3, warmup=1),
@@ -89,18 +89,10 @@ def node_methods(shape: ScaleShape, policy) -> tuple[dict, dict[str, int], dict]
     adv = torch.randn(len(batch_prompts), generator=torch.Generator().manual_seed(shape.seed + 2))
     algo = shape.algo()
 
-    def update(shared):
-        def f():
-            policy.model.zero_grad(set_to_none=True)
-            run_algo = shared_prefix_algo(algo) if shared else algo
-            loss_backward(policy, batch_prompts, responses, old, adv, shared, run_algo)
-        return f
-
     methods = {
         "rollout_tree": lambda: policy.generate(prompts, K, 1.0, T, gen),
         "rollout_per_branch": lambda: [policy.generate([p], 1, 1.0, T, gen) for p in prompts for _ in range(K)],
-        "update_shared_prefix": update(True),
-        "update_per_sample": update(False),
+        **update_methods(policy, batch_prompts, responses, old, adv, algo, algo),
     }
     tokens = len(prompts) * K * T
     return methods, dict.fromkeys(methods, tokens), {"nodes": 1, "samples": len(prompts) * K,

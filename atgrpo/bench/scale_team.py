@@ -99,15 +99,8 @@ def team_methods(shape: ScaleShape, policy) -> tuple[dict[str, Callable[[], obje
     longest = max(len(p) + len(r) for p, r in zip(prompts, responses))
     per_sample = replace(algo, micro_batch_size=max(1, min(algo.micro_batch_size, algo.update_token_budget // longest)))
 
-    def update(shared):
-        def f():
-            policy.model.zero_grad(set_to_none=True)
-            run_algo = shared_prefix_algo(algo) if shared else per_sample
-            loss_backward(policy, prompts, responses, old, adv, shared, run_algo)
-        return f
-
     methods = {"rollout_tree": rollout(policy), "rollout_per_branch": rollout(PerBranch(policy)),
-               "update_shared_prefix": update(True), "update_per_sample": update(False)}
+               **update_methods(policy, prompts, responses, old, adv, algo, per_sample)}
     tokens = sum(len(r) for r in responses)
     plens = [len(p) for p in prompts]
     info = {"nodes": len({(s.turn, s.agent) for s in samples}), "samples": len(samples),
@@ -115,6 +108,19 @@ def team_methods(shape: ScaleShape, policy) -> tuple[dict[str, Callable[[], obje
             "turns_run": max(e.turns for e in episodes), "prompt_tokens_mean": sum(plens) / len(plens),
             "prompt_tokens_max": max(plens), "update_gflop": update_gflop(policy, prompts, responses)}
     return methods, dict.fromkeys(methods, tokens), info
+
+
+def update_methods(policy, prompts, responses, old, adv, algo, per_sample_algo) -> dict[str, Callable[[], None]]:
+    """One forward + backward of the PPO loss over the batch: the shared-prefix loss under ``shared_prefix_algo``
+    and the per-sample loss under ``per_sample_algo``, each from zeroed gradients."""
+    def method(shared, run_algo):
+        def f():
+            policy.model.zero_grad(set_to_none=True)
+            loss_backward(policy, prompts, responses, old, adv, shared, run_algo)
+        return f
+
+    return {"update_shared_prefix": method(True, shared_prefix_algo(algo)),
+            "update_per_sample": method(False, per_sample_algo)}
 
 
 def update_gflop(policy, prompts, responses) -> dict[str, float]:
