@@ -217,6 +217,27 @@ def test_the_gap_is_large_without_a_refresh_and_small_after_one():
     assert torch.equal(head.atgrpo_weight_lp, head.weight.to(torch.bfloat16))  # the head's ranking copy re-cast
 
 
+def test_release_frees_the_trained_weights_and_refresh_makes_them_again():
+    trainer = _mixed(4)
+    copies = RolloutCopies({"p": trainer})
+    view, prompts = copies.views["p"], _prompts(trainer)
+    copy_params = dict(view.sampler.model.named_parameters())
+    dtypes = {n: q.dtype for n, q in copy_params.items()}
+    copies.release(["p"])
+    head = view.sampler.model.get_output_embeddings()
+    assert all(q.numel() == 0 for q in copy_params.values()) and head.atgrpo_weight_lp.numel() == 0
+    with torch.no_grad():  # the update moves the trainer's weights meanwhile
+        g = torch.Generator().manual_seed(0)
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    copies.refresh(["p"])
+    for name, p in trainer.model.named_parameters():  # made again: the new weights, in the copy's own dtypes
+        q = copy_params[name]
+        assert q.dtype == dtypes[name] and torch.equal(q, p.detach().to(q.dtype))
+    assert torch.equal(head.atgrpo_weight_lp, head.weight.to(torch.bfloat16))
+    assert _gap(view, prompts) < 0.02
+
+
 def test_l2_copies_share_one_base_and_refresh_only_the_roles_adapter():
     pytest.importorskip("peft")
     from atgrpo.trainer.setup import build_policies
@@ -234,6 +255,11 @@ def test_l2_copies_share_one_base_and_refresh_only_the_roles_adapter():
             p.copy_(torch.randn(p.shape, generator=g) * 0.3)
     shared = dict(views["tool"].sampler.model.peft.named_parameters())
     plan_before = {n: shared[n].clone() for n, _ in policies["plan"].model.named_parameters()}
+    base = {n: t for n, t in shared.items() if "lora_" not in n}
+    copies.release(["tool"])  # the role's adapter only: the shared base and the other role's adapter stay
+    assert all(t.numel() > 0 for t in base.values())
+    assert all(shared[n].numel() > 0 for n in plan_before)
+    assert all(shared[n].numel() == 0 for n, _ in policies["tool"].model.named_parameters())
     copies.refresh(["tool"])
     for n, p in policies["tool"].model.named_parameters():
         assert "tool" in n and shared[n].dtype == torch.bfloat16  # the adapters' linear layers

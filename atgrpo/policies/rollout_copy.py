@@ -8,8 +8,9 @@ decoding (one forward per new token) costs more than the bfloat16 matmul saves. 
 copy (``RolloutCopies``) whose linear layers hold their weights in bfloat16 already: it runs under the same
 autocast, which finds nothing left to cast, and so computes what the trainer computes (scored side by side on
 SmolLM2-135M: the same log-probs to the last bit, but for the head, below), without the casts. The copy is
-made once and refreshed in place after every update (``refresh``: only the parameters that train, so for
-per-role LoRA (L2) only the role's adapter; the frozen base is cast once, and the roles share it). The
+made once; the weights that train are freed while the update runs (``release``: the update has their memory)
+and made again from the new weights after it (``refresh``: only the parameters that train, so for per-role LoRA
+(L2) only the role's adapter; the frozen base is cast once, and the roles share it). The
 embeddings, the norms and the residual stream stay float32, as under autocast; a whole model in bfloat16 drifts
 further from the trainer (0.047 on SmolLM2; ``benchmarks/copy_gap.py``).
 
@@ -123,21 +124,42 @@ class RolloutCopies:
                 head.forward = types.MethodType(_topk_exact_head, head)
         self.refresh_s = {"all": time.perf_counter() - t}
 
+    def _trained(self, pid: str):
+        """(the copy's parameter, the trainer's) for each trainable weight of ``pid`` (L2: the role's adapter
+        only), and the copy's head when the trainer's head trains (else None)."""
+        view = self.views[pid]
+        root = _root(view.sampler.model)
+        dst = dict(root.named_parameters())
+        pairs = [(dst[name], p) for name, p in view.policy.model.named_parameters() if p.requires_grad]
+        head = root.get_output_embeddings()
+        trains = head is not None and hasattr(head, "atgrpo_weight_lp") and any(
+            p.requires_grad for p in _root(view.policy.model).get_output_embeddings().parameters())
+        return pairs, head if trains else None
+
+    def release(self, pids: Sequence[str]) -> None:
+        """Free the copies' trainable weights of ``pids`` (their storages; shapes and dtypes stay) for the
+        update's memory: the update changes them, so the copy is made again from the new weights anyway
+        (``refresh``). On SmolLM2-135M with one shared policy that is the whole copy, 0.36 GiB."""
+        for pid in pids:
+            pairs, head = self._trained(pid)
+            for q, _ in pairs:
+                q.data = q.data.new_empty(0)
+            if head is not None:
+                head.atgrpo_weight_lp = head.atgrpo_weight_lp.new_empty(0)
+
     @torch.no_grad()
     def refresh(self, pids: Sequence[str]) -> None:
-        """Copy the trainer's current trainable weights of ``pids`` into their copies (cast to the copy's dtypes),
-        in place."""
+        """Make the copies' trainable weights of ``pids`` from the trainer's current ones (cast to the copy's
+        dtypes): in place, or anew where ``release`` freed them."""
         for pid in pids:
             t = time.perf_counter()
-            view = self.views[pid]
-            root = _root(view.sampler.model)
-            dst = dict(root.named_parameters())
-            for name, p in view.policy.model.named_parameters():  # L2: the role's adapter only
-                if p.requires_grad:
-                    dst[name].copy_(p)
-            head = root.get_output_embeddings()
-            if head is not None and hasattr(head, "atgrpo_weight_lp") and any(
-                    p.requires_grad for p in _root(view.policy.model).get_output_embeddings().parameters()):
+            pairs, head = self._trained(pid)
+            for q, p in pairs:
+                if q.shape == p.shape:
+                    q.copy_(p)
+                else:  # released
+                    q.data = p.detach().to(q.dtype, copy=True)
+            if head is not None:
                 _cast_head(head, self.dtype)
             self.refresh_s[pid] = time.perf_counter() - t
 

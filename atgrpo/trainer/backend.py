@@ -100,6 +100,8 @@ class LocalBackend:
                         else state.policies.values()):
             if hasattr(sampler, "release_decoder_weights"):
                 sampler.release_decoder_weights()
+        if self.copies is not None:  # the update changes what the copies hold: they are made again after it
+            self.copies.release([pid for pid, batch in batches.items() if batch])
         out = {pid: update_policy(state.policies[pid], state.optimizers[pid], batch, cfg.algo,
                                   cfg.rollout.temperature, state.generator, state.references.get(pid))
                for pid, batch in batches.items()}
