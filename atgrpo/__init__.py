@@ -4,7 +4,14 @@ From Python: ``atgrpo.train(config, overrides=[...])`` runs a training as ``atgr
 summary; ``atgrpo.runs.load(run_dir)`` reads a run directory (metrics, trees, transcripts, config, summary).
 """
 
+import os
+import sys
 from typing import Any, Sequence
+
+if "torch" not in sys.modules:
+    # torch's CPU allocator reads this once, at its first allocation: blocks of 2 MiB and more are then aligned
+    # to and advised as transparent huge pages (``trainer/memory.py`` says what that saves); set it to 0 to opt out
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 from . import runs
 

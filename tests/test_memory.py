@@ -41,3 +41,24 @@ def test_a_phase_hands_freed_heap_memory_back(monkeypatch, release):
     grown = rss_mb() - before
     del pin
     assert (grown < 200) if release else (grown > 400)
+
+
+@pytest.mark.parametrize("setting, aligned", [(None, True), ("0", False)])
+def test_importing_atgrpo_first_turns_on_torchs_huge_page_allocation(setting, aligned):
+    """``import atgrpo`` before torch turns on torch's transparent-huge-page allocation (``THP_MEM_ALLOC_ENABLE``,
+    unless the user set it): blocks of 2 MiB and more are then page-aligned (and advised as huge pages), where
+    glibc's own alignment is 16 bytes past a page. Checked in a fresh interpreter, where torch has not allocated
+    yet."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if setting is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = setting
+    code = ("import atgrpo, torch\n"
+            "ptrs = [torch.empty(3 * 2**20 + 4096 * i, dtype=torch.uint8).data_ptr() for i in range(1, 9)]\n"
+            "print(sum(p % 4096 == 0 for p in ptrs))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    n = int(out.stdout.split()[-1])
+    assert n == 8 if aligned else n == 0, out.stdout

@@ -45,12 +45,16 @@ def finished_cells(out: str) -> list[dict[str, Any]]:
 
 
 def config_digest(task: str, row: str, root: str = ".") -> str:
-    """The digest of an RL row's config (its content, not its comments): a cell's result holds for the config it
-    ran with."""
+    """The digest of an RL row's config (its content, not its comments, nor the keys that only say how the work
+    is split and saved: ``run_dir.EXECUTION_ONLY``): a cell's result holds for the config it ran with."""
     import yaml
 
+    from ..trainer.metrics import flatten
+    from ..trainer.run_dir import EXECUTION_ONLY
+
     with open(config_path(task, row, root)) as f:
-        content = json.dumps(yaml.safe_load(f), sort_keys=True)
+        flat = flatten(yaml.safe_load(f) or {})
+    content = json.dumps({k: v for k, v in flat.items() if k not in EXECUTION_ONLY}, sort_keys=True)
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 

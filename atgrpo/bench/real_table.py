@@ -37,8 +37,8 @@ ROW_OVERRIDES = {"single_grpo": ["policy.sharing=L0"], "mas_L1": ["policy.sharin
 # The model and the settings every cell shares. One torch thread: the machine is shared and the cells run one
 # after the other; a cell's wall time is measured under that setting.
 COMMON = ["model.kind=hf", "model.preset=smollm2-135m", "env.style=chat", "rollout.mode=tree",
-          "algo.micro_batch_size=16", "algo.update_token_budget=4096", "algo.minibatches=2", "warmstart.enabled=true",
-          "warmstart.batch_size=8", "warmstart.token_budget=4096", "warmstart.epochs=1", "eval.temperature=0.0",
+          "algo.micro_batch_size=16", "algo.update_token_budget=2048", "algo.minibatches=2", "warmstart.enabled=true",
+          "warmstart.batch_size=8", "warmstart.token_budget=2048", "warmstart.epochs=1", "eval.temperature=0.0",
           "train.threads=1", "train.tensorboard=false"]
 
 # Each task's team cell (L1), over COMMON. Held-out problems: 50 in every cell. In the games the plan agent (the

@@ -13,6 +13,10 @@ from typing import Any
 
 LOCK_FILE = ".lock"
 RESOLVED_AT_START = ("train.threads", "model.precision")  # chosen per machine when a run starts (run_settings.py)
+# How the work is split into micro-batches and when it is saved, not what is computed (the same gradients, up to
+# float rounding): a table cell's run resumes, and its result stays current, across changes to these
+EXECUTION_ONLY = ("algo.micro_batch_size", "algo.update_token_budget", "warmstart.token_budget",
+                  "train.checkpoint_every", "train.tensorboard")
 
 
 class RunError(RuntimeError):
@@ -38,7 +42,7 @@ def warn(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def config_changes(run_dir: str, cfg: Any, ignore: tuple[str, ...] = RESOLVED_AT_START) -> list[str]:
+def config_changes(run_dir: str, cfg: Any, ignore: tuple[str, ...] = RESOLVED_AT_START + EXECUTION_ONLY) -> list[str]:
     """The dotted keys whose value in the run directory's config.yaml differs from ``cfg``'s, besides ``ignore``
     (sorted; empty when the directory has no config.yaml)."""
     import yaml

@@ -25,6 +25,7 @@ from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
 from ..rollout.logprob_gap import LogprobGap
 from ..rollout.records import Sample
+from .memory import release_free_memory
 
 
 @dataclass
@@ -276,6 +277,7 @@ def epoch_update(policy: TrainablePolicy, optimizer: torch.optim.Optimizer, shar
             for group in optimizer.param_groups:
                 group["lr"] = warmup_lr(algo.lr, optimizer_steps_done(optimizer), algo.warmup_steps)
         optimizer.step()
+        release_free_memory()  # the mini-batch's freed activations: back to the system, not left as heap holes
         stats.optimizer_steps += 1
         stats.grad_norm = max(stats.grad_norm, grad_norm)
         loss_sum += mb_loss

@@ -31,6 +31,7 @@ from ..config import WarmStartConfig
 from ..envs import MultiAgentEnv
 from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
+from .memory import release_free_memory
 from .update import warmup_lr
 
 WARMSTART_SEED_OFFSET = 7_000_000_000  # demonstration problems use seeds far from the RL data sampler's
@@ -87,6 +88,7 @@ def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], li
             loss = batch_cross_entropy(policy, batch, cfg.token_budget)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            release_free_memory()  # the batch's freed activations go back to the system (``trainer/memory.py``)
             sched.step()
             total, count = total + loss, count + 1
             bar.update(1)
