@@ -294,14 +294,18 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
 
 def test_each_cell_counts_its_own_peak_memory():
     """The peak-RSS count restarts with each cell: a peak reached before the reset is not the next cell's."""
-    from atgrpo.trainer.memory import peak_rss_gb, reset_peak_rss
+    from atgrpo.trainer.memory import peak_rss_gb, release_free_memory, reset_peak_rss
 
     if peak_rss_gb() is None:
         pytest.skip("no /proc/self/status here")
-    reset_peak_rss()  # from here, whatever earlier tests left resident is the floor
+    # the block may come from heap space earlier tests freed: handed back before and after, it is resident only
+    # while it lives
+    release_free_memory()
+    reset_peak_rss()
     block = b"\x01" * (400 * 2 ** 20)
     high = peak_rss_gb()
     del block
+    release_free_memory()
     reset_peak_rss()
     assert high - peak_rss_gb() > 0.3
 
