@@ -36,9 +36,10 @@ def format_plan(s: ModelShape, r: RunSettings, gpu_gb: float) -> str:
                      f"{_gib(p.sampler):>8} {_gib(p.grads):>8} {_gib(p.optimizer):>9} {_gib(p.activations):>8} "
                      f"{_gib(p.kv_cache):>8} {_gib(p.sampling):>8} {_gib(p.packed):>8} {_gib(p.runtime):>8} {_gib(p.peak):>8}  "
                      f"{math.ceil(p.peak / (gpu_gb * GIB))}")
-    lines += ["(GiB; peak = weights + sampler + optimizer + max(grads + activations, kv_cache + sampling + packed) "
+    lines += ["(GiB; peak = weights + optimizer + max(grads + activations, kv_cache + sampling + packed + sampler) "
               "+ runtime" + (" + the KL reference's copies" if r.kl_reference else "")
-              + "; sampler: the rollout's bfloat16 copy; packed: the CPU engine's prepacked weights, rollout only)", ""]
+              + "; sampler: the rollout's bfloat16 copy, freed for the update (L2: its frozen base held throughout); "
+              "packed: the CPU engine's prepacked weights, rollout only)", ""]
     if r.kl_reference:
         lines += [f"KL reference (algo.kl_coef > 0) of {p.name}: {_gib(p.reference)} GiB" for p in plans]
     for p in plans:

@@ -224,8 +224,14 @@ def test_sampler_weights_by_hand():
     r = pm.RunSettings(**{**RUN.__dict__, "rollout_copy": True, "packed_weights": True, "compute_dtype": "bfloat16"})
     assert pm.sampler_bytes(SHAPE, r) == 2384 + 640 + 160 and pm.packed_bytes(SHAPE, r) == 2544
     (p,) = pm.plan(SHAPE, r)
-    assert (p.sampler, p.packed) == (3184, 2544) and p.rollout == p.kv_cache + p.sampling + 2544
-    assert p.peak == p.weights + 3184 + p.optimizer + max(p.update, p.rollout)
+    # every weight trains (L1): the copy is freed while the update runs, a rollout-phase term like the packed ones
+    assert (p.sampler, p.packed, p.held_sampler) == (3184, 2544, 0)
+    assert p.rollout == p.kv_cache + p.sampling + 2544 + 3184
+    assert p.peak == p.weights + p.optimizer + max(p.update, p.rollout)
+    # L2: the frozen base's copy is held through the update
+    (p2,) = pm.plan(SHAPE, pm.RunSettings(**{**r.__dict__, "sharing": "L2", "packed_weights": False}))
+    assert p2.held_sampler == p2.sampler == 3184 and p2.rollout == p2.kv_cache + p2.sampling
+    assert p2.peak == p2.weights + 3184 + p2.optimizer + max(p2.update, p2.rollout)
     # a float32 model sampled by the CPU engine: its packed float32 weights only
     assert pm.packed_bytes(SHAPE, pm.RunSettings(**{**RUN.__dict__, "packed_weights": True})) == 1272 * 4
     assert pm.sampler_bytes(SHAPE, RUN) == 0 == pm.packed_bytes(SHAPE, RUN)
