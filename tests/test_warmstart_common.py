@@ -26,6 +26,8 @@ def test_common_warm_start_gives_every_policy_the_same_weights(sharing):
     plan, tool = st.policies["plan"].model.state_dict(), st.policies["tool"].model.state_dict()
     assert plan.keys() == tool.keys() and all(torch.equal(plan[k], tool[k]) for k in plan)
     assert any(not torch.equal(before["tool"][k], tool[k]) for k in tool)  # both moved from their init
+    # no gradient is left over for the evaluation and the first rollout to carry
+    assert all(q.grad is None for pol in st.policies.values() for q in pol.model.parameters())
     # one fine-tuning on all demonstrations: the L1 warm start's steps, not one per role
     demos = collect_demonstrations(st.make_env, st.agent_to_policy, st.policies, cfg.warmstart, cfg.seed)
     assert sum(map(len, demos.values())) > max(map(len, demos.values()))

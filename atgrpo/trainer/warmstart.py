@@ -95,6 +95,7 @@ def supervised_finetune(policy: TrainablePolicy, pairs: list[tuple[list[int], li
             bar.set_postfix(loss=f"{loss:.3f}")
         losses.append(total / max(1, count))
     bar.close()
+    opt.zero_grad(set_to_none=True)  # the last batch's gradients: not held through the evaluation and the rollout
     return losses
 
 
