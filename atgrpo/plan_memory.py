@@ -247,10 +247,10 @@ def sampling_bytes(s: ModelShape, r: RunSettings) -> int:
 
 def sampler_bytes(s: ModelShape, r: RunSettings) -> int:
     """The copy the rollout samples from (``rollout_copy``, ``policies/rollout_copy.py``), beside the trainer's
-    weights; its trained weights are freed while the update runs (``RolloutCopies.release``: with every weight
-    trained, the whole copy is a rollout-phase term; L2 keeps its frozen base's copy): every linear layer in bfloat16, the embedding and the LM head in float32 (the
-    head's highest logits are recomputed in float32) and the head once more in bfloat16 (the ranking). The norms
-    (a few thousand parameters) are counted as linear weights."""
+    weights: every linear layer in bfloat16, the embedding and the LM head in float32 (the head's highest logits
+    are recomputed in float32) and the head once more in bfloat16 (the ranking). The norms (a few thousand
+    parameters) are counted as linear weights. Its trained weights are freed while the update runs
+    (``ModelPlan.held_sampler``)."""
     if not r.rollout_copy:
         return 0
     P, head = num_params(s), s.vocab * s.hidden
@@ -292,12 +292,12 @@ class ModelPlan:
     reference: int = 0  # the KL reference's frozen copies (algo.kl_coef > 0)
     sampler: int = 0  # the rollout's copy of the weights (``sampler_bytes``)
     packed: int = 0  # the CPU engine's packed weights, rollout phase only (``packed_bytes``)
-    sampler_released: bool = False  # every weight trains: the copy is freed while the update runs (``release``)
 
     @property
     def held_sampler(self) -> int:
-        """The part of the rollout copy held through the update (L2: the frozen base's copy; else none)."""
-        return 0 if self.sampler_released else self.sampler
+        """The part of the rollout copy held through the update: none when every weight trains (the trainer frees
+        the copy for the update, ``RolloutCopies.release``); L2's frozen base's copy else."""
+        return 0 if self.trainable == self.params else self.sampler
 
     @property
     def update(self) -> int:
@@ -341,8 +341,8 @@ def plan(s: ModelShape, r: RunSettings) -> list[ModelPlan]:
     n = r.roles if r.sharing == "L3" else 1
     names = [f"role {i + 1}" for i in range(n)] if n > 1 else ["shared"]
     ref = P * b if r.kl_reference else 0
-    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref, sampler, packed,
-                      sampler_released=True) for name in names]
+    return [ModelPlan(name, P, P, P * b, P * b, 2 * P * b, act, kv, smp, rt, ref, sampler, packed)
+            for name in names]
 
 
 @dataclass(frozen=True)
@@ -375,7 +375,7 @@ def fit_gpus(plans: list[ModelPlan], r: RunSettings, gpu_bytes: int) -> GpuFit:
     """The GPUs of ``gpu_bytes`` a run needs on each backend (``GpuFit``)."""
     released = sum(p.sampler - p.held_sampler for p in plans)  # every model's copy is back for the rollout
     local = (sum(p.weights + p.reference + p.held_sampler + p.optimizer for p in plans)
-             + max(max(p.update for p in plans), released + max(p.rollout - p.sampler + p.held_sampler for p in plans))
+             + max(max(p.update for p in plans), released + max(p.kv_cache + p.sampling + p.packed for p in plans))
              + max(p.runtime for p in plans))
     pools = r.roles if r.sharing == "L2" else len(plans)
     share = r.roles if r.sharing == "L2" else 1  # an L2 update worker holds one role's optimizer

@@ -7,7 +7,7 @@ problems, 2 threads), samples one step's rollout (deterministic for a seed and a
 samples, then runs the backend's update on them ``REPS`` times, each from the same weights and a fresh optimizer
 state, and prints each repetition's seconds and its phase peak (``trainer/memory.py``), then the median. Run it
 from two ``git worktree`` checkouts one after the other (``PYTHONPATH=<worktree>``) to compare commits on the same
-samples; the sampled tokens are printed so that equal rollouts can be checked.
+samples; the samples' token counts are printed, so that equal rollouts can be checked.
 """
 
 from __future__ import annotations

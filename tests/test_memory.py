@@ -25,6 +25,21 @@ def test_each_phase_records_its_own_peak_and_the_run_keeps_the_highest():
     assert peaks["small"] <= peaks["big"]
 
 
+def test_each_cell_counts_its_own_peak_memory():
+    """The peak-RSS count restarts with each cell (``bench real-table``'s ``reset_peak_rss``): a peak reached before
+    the reset is not the next cell's."""
+    # the block may come from heap space earlier tests freed: handed back before and after, it is resident only
+    # while it lives
+    memory.release_free_memory()
+    memory.reset_peak_rss()
+    block = b"\x01" * (400 * 2 ** 20)
+    high = memory.peak_rss_gb()
+    del block
+    memory.release_free_memory()
+    memory.reset_peak_rss()
+    assert high - memory.peak_rss_gb() > 0.3
+
+
 @pytest.mark.parametrize("release", [True, False])
 def test_a_phase_hands_freed_heap_memory_back(monkeypatch, release):
     """Many small blocks (served from glibc's heap, not mmap) freed inside a phase below one still alive: they stay

@@ -292,24 +292,6 @@ def test_a_cell_run_with_an_earlier_config_is_stale_left_out_of_the_table_and_re
     assert seen == [False] and [p.name.split("-")[0] for p in old_run.parent.iterdir()] == ["seed0.stale"]
 
 
-def test_each_cell_counts_its_own_peak_memory():
-    """The peak-RSS count restarts with each cell: a peak reached before the reset is not the next cell's."""
-    from atgrpo.trainer.memory import peak_rss_gb, release_free_memory, reset_peak_rss
-
-    if peak_rss_gb() is None:
-        pytest.skip("no /proc/self/status here")
-    # the block may come from heap space earlier tests freed: handed back before and after, it is resident only
-    # while it lives
-    release_free_memory()
-    reset_peak_rss()
-    block = b"\x01" * (400 * 2 ** 20)
-    high = peak_rss_gb()
-    del block
-    release_free_memory()
-    reset_peak_rss()
-    assert high - peak_rss_gb() > 0.3
-
-
 @needs_smollm2
 @pytest.mark.parametrize("game", ["plan_path", "sokoban", "sudoku"])
 def test_table_token_caps_hold_the_expert_programs(game):

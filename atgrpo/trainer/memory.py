@@ -12,10 +12,10 @@ memory goes back to the system (``release_free_memory``: glibc's ``malloc_trim``
 the live tensors rather than from the holes the last one left. ``import atgrpo`` also turns on torch's
 transparent-huge-page allocation (``THP_MEM_ALLOC_ENABLE=1`` unless set: blocks of 2 MiB and more page-aligned and
 advised as huge pages), which on the Plan-Path cell lowered the warm start's peak by ~0.5 GiB and its time by a
-tenth (``docs/performance.md``). glibc keeps freed blocks for reuse, and after the first large free it serves blocks up to
-32 MiB from its heap instead of ``mmap``, so the activations of a warm start or an update stayed resident for the
-rest of the run (SmolLM2 on Plan-Path: 7.0 GiB resident after the warm start with 1.0 GiB of live tensors, 1.5 GiB
-after the trim).
+tenth (``docs/performance.md``). glibc keeps freed blocks for reuse, and after the first large free it serves
+blocks up to 32 MiB from its heap instead of ``mmap``, so the activations of a warm start or an update stayed
+resident for the rest of the run (SmolLM2 on Plan-Path: 7.0 GiB resident after the warm start with 1.0 GiB of
+live tensors, 1.5 GiB after the trim).
 
 These are this process's peaks: on the Ray backend the rollout and update run in workers, whose memory is their
 own (``ray/*`` metrics).
