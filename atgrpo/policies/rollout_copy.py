@@ -139,7 +139,8 @@ class RolloutCopies:
     def release(self, pids: Sequence[str]) -> None:
         """Free the copies' trainable weights of ``pids`` (their storages; shapes and dtypes stay) for the
         update's memory: the update changes them, so the copy is made again from the new weights anyway
-        (``refresh``). On SmolLM2-135M with one shared policy that is the whole copy, 0.36 GiB."""
+        (``refresh``). On SmolLM2-135M with one shared policy that is the whole copy, 0.36 GiB (``atgrpo
+        plan-memory``'s sampler term)."""
         for pid in pids:
             pairs, head = self._trained(pid)
             for q, _ in pairs:
