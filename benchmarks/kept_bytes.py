@@ -35,6 +35,7 @@ def main(argv: list[str]) -> None:
     cfg = set_precision(load_config(path, overrides + ["warmstart.enabled=false"]), lambda *a: None)
     torch.set_num_threads(max(1, cfg.train.threads))
     policy = next(iter(build_state_checked(cfg).policies.values()))
+    policy.model.train()  # as the warm start and the update run it
     if args.stock:
         from atgrpo.policies.lean_layers import restore
 

@@ -131,3 +131,20 @@ def test_the_backward_keeps_what_the_docstring_says():
     h, i, layers, tokens = 128, 384, 2, 512
     saved = layers * tokens * (14 * h + 4 * i) + tokens * 4 * h + layers * h * i * 2  # + the down weight's cast
     assert kept["stock"] - kept["lean"] == saved, kept
+
+
+def test_lean_forwards_survive_train_mode_of_a_model_loaded_with_hub_kernels(tmp_path):
+    """transformers loads a saved model with ``use_kernels`` on (when the ``kernels`` package is installed) and
+    kernelizes it again at ``train()``, which used to drop the lean forwards: the warm start and the update ran
+    the stock modules. After ``make_lean`` a loaded model in train mode runs the lean norm."""
+    pytest.importorskip("kernels")
+    _model("llama").save_pretrained(tmp_path)
+    model = LlamaForCausalLM.from_pretrained(tmp_path)
+    make_lean(model)
+    assert not model.use_kernels
+    calls = []
+    model.model.norm.register_forward_hook(lambda mod, args, out: calls.append(mod.forward.__func__.__name__))
+    for mode in (True, False, True):
+        model.train(mode)
+        model(input_ids=IDS)
+    assert calls == ["_norm_forward"] * 3

@@ -23,7 +23,8 @@ backward that runs in bfloat16 anyway.
 
 ``make_lean(model)`` (run by every ``CausalLMPolicy`` on its model) swaps the forwards of the RMSNorm and MLP
 modules of Llama, Qwen2 and Qwen3 (by class; methods bound to each module, so a ``copy.deepcopy`` keeps them) when
-the MLP's activation is SiLU; other models are left as they are. ``restore(model)`` undoes it (for side-by-side
+the MLP's activation is SiLU; other models are left as they are. It switches transformers' hub kernels off on the
+models it changes (``use_kernels``), because their re-kernelization at each ``train()`` would drop these forwards. ``restore(model)`` undoes it (for side-by-side
 measurements: ``benchmarks/lean_layers_ab.py``, ``benchmarks/kept_bytes.py --stock``). The rollout engine reads
 the same weights through its own decoder (``engine/decoder.py``) and is untouched."""
 
@@ -140,6 +141,12 @@ def make_lean(model: torch.nn.Module) -> int:
     modules changed (0 for an unsupported model). Idempotent; under peft pass the base model."""
     if not supports(getattr(model, "config", None)):
         return 0
+    if getattr(model, "use_kernels", False):
+        # transformers (5.x, with the ``kernels`` package) loads models with hub kernels on and kernelizes them
+        # again at every ``train()`` / ``eval()`` switch, which drops the forwards set here: the warm start and the
+        # update (``train()``) then ran the stock norms and MLPs. Switched off, the model keeps torch's
+        # implementations, which the lean forwards replace.
+        model.use_kernels = False
     changed = 0
     for name, module in model.named_modules():
         kind = type(module).__name__
