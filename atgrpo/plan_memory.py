@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .model_shapes import (BUILTIN_SHAPES, ModelShape, lora_params, num_params, plan_shape, read_hf_config,
-                           shape_from_hf_config, tiny_shape)
+from .model_shapes import (BUILTIN_SHAPES, ModelShape, linear_shapes, lora_params, num_params, plan_shape,
+                           read_hf_config, shape_from_hf_config, tiny_shape)
 
 # the shapes' part of the planner (``model_shapes``) is re-exported: ``plan_memory`` is the one entry point
 __all__ = ["BUILTIN_SHAPES", "DTYPE_BYTES", "GIB", "GpuFit", "HEAD_CHUNK_BYTES", "MicroBatch", "ModelPlan",
@@ -182,12 +182,12 @@ def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings | None = None) ->
 
 
 def autocast_weight_bytes(s: ModelShape, r: RunSettings) -> int:
-    """Under ``model.autocast`` on weights of another dtype (float32): torch keeps one bfloat16 copy of every
-    weight that autocast casts (all but the embedding and the LM head, which runs in its weights' dtype) for the
-    backward."""
+    """Under ``model.autocast`` on weights of another dtype (float32): the bfloat16 copies of one decoder layer's
+    linear weights, which its backward casts again (``lean_layers.LinearFunction`` keeps the float32 weights, not
+    autocast's copies of every layer's)."""
     if not r.compute_dtype or r.compute_dtype == r.dtype:
         return 0
-    return (num_params(s) - s.vocab * s.hidden * (1 if s.tied else 2)) * DTYPE_BYTES[r.compute_dtype]
+    return sum(i * o for i, o in linear_shapes(s).values()) * DTYPE_BYTES[r.compute_dtype]
 
 
 def activation_bytes(s: ModelShape, r: RunSettings) -> int:

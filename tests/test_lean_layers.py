@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
-from atgrpo.policies.lean_layers import RMSNormFunction, SwiGLUDownFunction, SwiGLUFunction, make_lean
+from atgrpo.policies.lean_layers import (LinearFunction, RMSNormFunction, SwiGLUDownFunction, SwiGLUFunction,
+                                         make_lean, restore)
 from atgrpo.policies.precision import apply_autocast
 from atgrpo.trainer.memory import saved_tensor_bytes
 
@@ -40,7 +41,8 @@ def _run(model, ids):
 def _pair(kind: str, dtype=torch.float32, autocast: bool = False):
     stock = _model(kind, dtype)
     lean = copy.deepcopy(stock)
-    assert make_lean(lean) == 2 * 2 + 1 + 2 + (4 if kind == "qwen3" else 0)  # norms, final norm, MLPs, q/k norms
+    # norms, final norm, MLPs, q/k norms, the layers' linears (q, k, v, o, gate, up, down)
+    assert make_lean(lean) == 2 * 2 + 1 + 2 + (4 if kind == "qwen3" else 0) + 2 * 7
     if autocast:
         stock, lean = apply_autocast(stock, "bfloat16"), apply_autocast(lean, "bfloat16")
     return stock, lean
@@ -90,6 +92,35 @@ def test_functions_match_autograd_of_the_plain_expressions():
     torch.autograd.gradcheck(lambda *a: SwiGLUDownFunction.apply(*a, torch.float64), (gate, up, w, b))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_linear_is_autocast_linear_bit_for_bit(bias, x_dtype):
+    """``LinearFunction`` against ``nn.Linear`` under bfloat16 autocast: the output and the gradients of the input,
+    the weight and the bias equal, bit for bit; its graph keeps no bfloat16 copy of the weight."""
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.randn(3, 7, 40, generator=g).to(x_dtype)
+    lin = torch.nn.Linear(40, 24, bias=bias)
+    results = []
+    for lean in (False, True):
+        lin.zero_grad()
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = LinearFunction.apply(x, lin.weight, lin.bias, torch.bfloat16) if lean else lin(x)
+        if lean:
+            kept = saved_tensor_bytes(y.float().sum())
+            cast = x0.numel() * 2 if x_dtype == torch.float32 else 0  # a bfloat16 input is kept as it is (a leaf)
+            assert sum(kept.values()) == cast, kept  # the input's bfloat16 cast only
+        (y.float() ** 2).sum().backward()
+        results.append((y.detach(), x.grad, lin.weight.grad.clone(), None if lin.bias is None else lin.bias.grad))
+    assert all(a is None and b is None or torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_restore_undoes_every_lean_forward():
+    stock, lean = _pair("qwen3")
+    restore(lean)
+    assert not any("forward" in m.__dict__ for m in lean.modules())
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 def test_swiglu_down_is_swiglu_then_the_linear_bit_for_bit(autocast):
     """The fused down projection against SwiGLU then nn.Linear (under bfloat16 autocast: the linear in bfloat16):
@@ -117,7 +148,7 @@ def test_the_backward_keeps_what_the_docstring_says():
     gate and up, where the stock modules keep each norm's input, normalised input and reciprocal RMS, a bfloat16
     cast per linear that reads it (five), SwiGLU's gate, SiLU output and up, and the down projection's input:
     ``14 * hidden + 4 * intermediate`` bytes less per token and layer, and ``4 * hidden`` less per token at the
-    final norm (no cast there); and the down projection's bfloat16 weight, cast again in the backward."""
+    final norm (no cast there); and no bfloat16 copy of a layer's weights (cast again in the backward)."""
     cfg = dict(SIZES, hidden_size=128, intermediate_size=384, num_hidden_layers=2)
     torch.manual_seed(0)
     stock = LlamaForCausalLM(LlamaConfig(**cfg))
@@ -129,7 +160,8 @@ def test_the_backward_keeps_what_the_docstring_says():
     for name, m in (("stock", stock), ("lean", lean)):
         kept[name] = sum(saved_tensor_bytes(m(input_ids=ids).logits.sum()).values())
     h, i, layers, tokens = 128, 384, 2, 512
-    saved = layers * tokens * (14 * h + 4 * i) + tokens * 4 * h + layers * h * i * 2  # + the down weight's cast
+    weights = sum(p.numel() for n, p in stock.named_parameters() if n.endswith("proj.weight"))
+    saved = layers * tokens * (14 * h + 4 * i) + tokens * 4 * h + weights * 2  # + the weights' bfloat16 casts
     assert kept["stock"] - kept["lean"] == saved, kept
 
 

@@ -69,12 +69,12 @@ def test_activations_by_hand():
     one = 11 * 216 + 6 * 56
     assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 2 * 11 * 8 * 2 + 588 + 480
     # autocast on float32 weights: as bfloat16, plus per token per layer the norms' two inputs in float32 (2 * 8 * 2
-    # bytes more), in the 3 layers' worth; plus the bfloat16 copies of every weight but the embedding and the LM
-    # head: (1352 - 160) * 2; the final norm in float32: 2 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16
+    # bytes more), in the 3 layers' worth; plus the bfloat16 copies of one layer's linear weights, cast again in
+    # its backward: (q 64 + k 32 + v 32 + o 64 + gate, up, down 3 * 128) * 2; the final norm in float32: 2 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16
     # copy of its weight and a bfloat16 product 10 * 8 * 4 (not 6: its float32 gradient sum is the gradient itself)
     autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})
-    assert pm.layer_bytes(SHAPE, autocast) == 248 and pm.autocast_weight_bytes(SHAPE, autocast) == 2384
-    assert pm.activation_bytes(SHAPE, autocast) == (pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 32 + 2384 + 352
+    assert pm.layer_bytes(SHAPE, autocast) == 248 and pm.autocast_weight_bytes(SHAPE, autocast) == 1152
+    assert pm.activation_bytes(SHAPE, autocast) == (pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 32 + 1152 + 352
                                                     - 480 + 320)
     assert pm.plan(SHAPE, autocast)[0].weights == 1352 * 4
     # gradient checkpointing (no shared prefix): each layer keeps its input 72 * 8 * 4, one layer recomputed

@@ -1,5 +1,5 @@
-"""Decoder layers that keep less for the backward: RMSNorm and SwiGLU as autograd functions that save their
-inputs only.
+"""Decoder layers that keep less for the backward: RMSNorm, SwiGLU and the projections as autograd functions
+that save their inputs only.
 
 transformers' RMSNorm (Llama, Qwen2, Qwen3) is a chain of autograd operations that keeps its input and the
 normalised input (``2 * hidden`` float32 elements per token per norm, under autocast too); under bfloat16 autocast
@@ -21,8 +21,13 @@ that flow back into a shared bfloat16 norm output are summed in bfloat16 by auto
 casts them to float32, where each used to be cast first and summed in float32: one more bfloat16 rounding in a
 backward that runs in bfloat16 anyway.
 
+Under autocast on float32 weights, autograd's linear keeps the bfloat16 copy of its weight that autocast made
+(SmolLM2-135M: 152 MiB per micro-batch, whatever its length). The layers' projections run as ``LinearFunction``
+instead, which keeps the float32 weight itself (a parameter, no extra memory) and casts it again in the
+backward: the same operations in the same dtypes, outputs and gradients bit-identical.
+
 ``make_lean(model)`` (run by every ``CausalLMPolicy`` on its model) swaps the forwards of the RMSNorm and MLP
-modules of Llama, Qwen2 and Qwen3 (by class; methods bound to each module, so a ``copy.deepcopy`` keeps them) when
+modules of Llama, Qwen2 and Qwen3 and of their decoder layers' plain linears (by class; methods bound to each module, so a ``copy.deepcopy`` keeps them) when
 the MLP's activation is SiLU; other models are left as they are. It switches transformers' hub kernels off on the
 models it changes (``use_kernels``), because their re-kernelization at each ``train()`` would drop these forwards. ``restore(model)`` undoes it (for side-by-side
 measurements: ``benchmarks/lean_layers_ab.py``, ``benchmarks/kept_bytes.py --stock``). The rollout engine reads
@@ -114,6 +119,45 @@ class SwiGLUDownFunction(torch.autograd.Function):
         return g_gate, g_up, gw, gb, None
 
 
+class LinearFunction(torch.autograd.Function):
+    """``F.linear`` as autocast runs it, computing in ``dtype``: input, weight and bias cast to ``dtype``. Keeps
+    the input's cast and the weight itself, not the weight's cast: autograd's linear keeps the ``dtype`` copy of
+    the weight that autocast made, a second copy of every float32 master weight alive from the forward to the
+    backward; here the backward casts the weight again. The same operations otherwise: outputs and gradients
+    bit-identical."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype):
+        with torch.autocast(x.device.type, enabled=False):
+            xl = x.to(dtype)
+            y = F.linear(xl, weight.to(dtype), None if bias is None else bias.to(dtype))
+        ctx.save_for_backward(xl, weight, bias)
+        ctx.x_dtype = x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        xl, weight, bias = ctx.saved_tensors
+        gx = gw = gb = None
+        with torch.autocast(gy.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                gx = gy.matmul(weight.to(xl.dtype)).to(ctx.x_dtype)
+            flat_gy = gy.reshape(-1, gy.shape[-1])
+            if ctx.needs_input_grad[1]:
+                gw = flat_gy.t().mm(xl.reshape(-1, xl.shape[-1])).to(weight.dtype)
+            if bias is not None and ctx.needs_input_grad[2]:
+                gb = flat_gy.sum(0).to(bias.dtype)
+        return gx, gw, gb, None
+
+
+def _linear_forward(self, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        if self.weight.dtype != dtype and self.weight.dtype == torch.float32:
+            return LinearFunction.apply(x, self.weight, self.bias, dtype)
+    return F.linear(x, self.weight, self.bias)
+
+
 def _norm_forward(self, x: torch.Tensor) -> torch.Tensor:
     out = None
     if self.atgrpo_cast_output and torch.is_autocast_enabled(x.device.type):
@@ -159,11 +203,17 @@ def make_lean(model: torch.nn.Module) -> int:
         elif kind in MLP_CLASSES:
             module.forward = types.MethodType(_mlp_forward, module)
             changed += 1
+        elif type(module) is torch.nn.Linear and ".layers." in f".{name}":
+            # a decoder layer's projections (not the LM head, which runs in its weights' dtype): under autocast
+            # they keep their float32 weights, not casts of them (``LinearFunction``)
+            module.forward = types.MethodType(_linear_forward, module)
+            changed += 1
     return changed
 
 
 def restore(model: torch.nn.Module) -> None:
     """Undo ``make_lean``: the classes' own forwards run again."""
+    lean = (_norm_forward, _mlp_forward, _linear_forward)
     for module in model.modules():
-        if type(module).__name__ in NORM_CLASSES + MLP_CLASSES and "forward" in module.__dict__:
+        if getattr(module.__dict__.get("forward"), "__func__", None) in lean:
             del module.forward
