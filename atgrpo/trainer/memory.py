@@ -9,7 +9,12 @@ measured: ``phase`` records nothing and ``peak_rss_gb`` is None.
 
 After each phase, and after each optimizer step of the warm start and of the update, the C allocator's freed
 memory goes back to the system (``release_free_memory``: glibc's ``malloc_trim``), so the next batch starts from
-the live tensors rather than from the holes the last one left. ``import atgrpo`` also turns on torch's
+the live tensors rather than from the holes the last one left. Within a batch the same happens after a
+micro-batch's backward once glibc holds more than ``MICRO_BATCH_TRIM_MIB`` free (``mallinfo2``): the holes of one
+micro-batch's activations are not reused whole by the next, and on the Plan-Path cell they had added up to ~0.6
+GiB by the end of a batch of four micro-batches (warm-start peak 4.49 -> 3.93 GiB, its time unchanged:
+``python benchmarks/warmstart_peak.py``). A trim after every micro-batch, whatever it frees, cost ~9 % of the
+warm start's time: the pages it returns fault in again. ``import atgrpo`` also turns on torch's
 transparent-huge-page allocation (``THP_MEM_ALLOC_ENABLE=1`` unless set: blocks of 2 MiB and more page-aligned and
 advised as huge pages), which on the Plan-Path cell lowered the warm start's peak by ~0.5 GiB and its time by a
 tenth (``docs/performance.md``). glibc keeps freed blocks for reuse, and after the first large free it serves
@@ -80,11 +85,39 @@ def _libc():
 
 
 _LIBC = _libc()  # None off glibc (macOS, musl): nothing to trim
+MICRO_BATCH_TRIM_MIB = 256  # after a micro-batch's backward: trim once the allocator holds this much free
 
 
-def release_free_memory() -> None:
-    """Return the C allocator's free memory to the system (glibc ``malloc_trim(0)``; elsewhere nothing)."""
-    if _LIBC is not None:
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2():
+    fn = getattr(_LIBC, "mallinfo2", None)  # glibc 2.33 and later
+    if fn is not None:
+        fn.restype = _Mallinfo2
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def free_held_mib() -> float | None:
+    """The free memory the C allocator holds in its heaps (glibc ``mallinfo2().fordblks``: free blocks and the
+    heaps' unused tops), MiB; None where it cannot say."""
+    return None if _MALLINFO2 is None else _MALLINFO2().fordblks / 2**20
+
+
+def release_free_memory(above_mib: float = 0.0) -> None:
+    """Return the C allocator's free memory to the system (glibc ``malloc_trim(0)``; elsewhere nothing); with
+    ``above_mib``, only when it holds more than that much free (``free_held_mib``; always where that is unknown).
+    A trim is not free: the pages it returns fault in again when the memory is used next."""
+    if _LIBC is None:
+        return
+    held = free_held_mib() if above_mib > 0 else None
+    if held is None or held > above_mib:
         _LIBC.malloc_trim(0)
 
 

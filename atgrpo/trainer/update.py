@@ -25,7 +25,7 @@ from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import group_by_prompt, plan_chunks, shared_prefix_logprobs
 from ..rollout.logprob_gap import LogprobGap
 from ..rollout.records import Sample
-from .memory import release_free_memory
+from .memory import MICRO_BATCH_TRIM_MIB, release_free_memory
 
 
 @dataclass
@@ -203,6 +203,7 @@ def backward_micro_batch(policy: TrainablePolicy, micro: list[Sample], normalize
                            aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
                            ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
     (loss * weight if weight != 1.0 else loss).backward()
+    release_free_memory(above_mib=MICRO_BATCH_TRIM_MIB)  # the holes its activations left, once they add up
     return loss.item(), ls
 
 

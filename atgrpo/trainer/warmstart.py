@@ -31,7 +31,7 @@ from ..config import WarmStartConfig
 from ..envs import MultiAgentEnv
 from ..policies.protocol import TrainablePolicy
 from ..policies.shared_prefix import plan_chunks, shared_prefix_logprobs
-from .memory import release_free_memory
+from .memory import MICRO_BATCH_TRIM_MIB, release_free_memory
 from .update import warmup_lr
 
 WARMSTART_SEED_OFFSET = 7_000_000_000  # demonstration problems use seeds far from the RL data sampler's
@@ -110,6 +110,7 @@ def batch_cross_entropy(policy: TrainablePolicy, batch: list[tuple[list[int], li
         logp, mask = shared_prefix_logprobs(policy, [prompts[i] for i in idx], [answers[i] for i in idx], 1.0)
         loss = -(logp * mask).sum() / normalizer
         loss.backward()
+        release_free_memory(above_mib=MICRO_BATCH_TRIM_MIB)  # the holes its activations left, once they add up
         total += loss.item()
     return total
 
