@@ -119,15 +119,17 @@ def _head_case(dtype=torch.float32, bias=True, seed=4, N=70, E=12, V=90):
     return head, hidden, rows, targets, torch.randn(rows.shape, generator=g)
 
 
+@pytest.mark.parametrize("vocab_block", [8192, 32])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [True, False])
-def test_head_logprobs_equal_the_logits_path_across_chunks(monkeypatch, temperature, bias):
+def test_head_logprobs_equal_the_logits_path_across_chunks(monkeypatch, temperature, bias, vocab_block):
     """float32: the fused head's log-probs and the gradients of the hidden states, the weight and the bias equal
     those of the head's logits through ``token_logprobs``, with positions read by many targets, over several
-    chunks (a chunk of 16 positions)."""
+    chunks (a chunk of 16 positions) and, in the backward, one or several blocks of the 90-token vocabulary."""
     from atgrpo.policies import logprobs
 
     monkeypatch.setattr(logprobs, "HEAD_CHUNK_BYTES", 16 * 4 * 90)
+    monkeypatch.setattr(logprobs, "HEAD_VOCAB_BLOCK", vocab_block)
     head, hidden, rows, targets, w = _head_case(bias=bias)
     ours = logprobs.head_logprobs(hidden, head, targets, temperature, rows=rows)
     ref = token_logprobs(head(hidden), targets, temperature, rows=rows)
@@ -139,11 +141,14 @@ def test_head_logprobs_equal_the_logits_path_across_chunks(monkeypatch, temperat
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_head_logprobs_bfloat16_head_within_the_logits_paths_rounding():
+@pytest.mark.parametrize("vocab_block", [8192, 32])
+def test_head_logprobs_bfloat16_head_within_the_logits_paths_rounding(monkeypatch, vocab_block):
     """A bfloat16 head (``model.dtype: bfloat16``): float32 log-probs from bfloat16 logits, as the logits path
-    gives them, and bfloat16 gradients close to its."""
+    gives them, and bfloat16 gradients close to its (the backward in one or several blocks of the vocabulary)."""
+    from atgrpo.policies import logprobs
     from atgrpo.policies.logprobs import head_logprobs
 
+    monkeypatch.setattr(logprobs, "HEAD_VOCAB_BLOCK", vocab_block)
     head, hidden, rows, targets, w = _head_case(torch.bfloat16)
     ours = head_logprobs(hidden, head, targets, 1.0, rows=rows)
     ref = token_logprobs(head(hidden), targets, 1.0, rows=rows)

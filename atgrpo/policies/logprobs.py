@@ -35,6 +35,7 @@ from ..plan_memory import HEAD_CHUNK_BYTES  # float32 logits of one chunk of pos
 from .precision import _exact_head_forward
 
 LOGPROB_CHUNK_ROWS = 256  # positions per chunk of the forward: bounds its temporaries
+HEAD_VOCAB_BLOCK = 8192  # vocabulary entries per block of ``head_logprobs``' backward: bounds its temporaries
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -210,22 +211,30 @@ class _HeadLogprobs(torch.autograd.Function):
             if bias is not None and ctx.needs_input_grad[2] else None
         gdt = ctx.grad_dtype
         w_low = weight.to(gdt)  # the weight in the gradient matmuls' dtype (itself when that is its own)
+        V, B = weight.shape[0], HEAD_VOCAB_BLOCK
         with torch.autocast(hidden.device.type, enabled=False):
             for s, sel, local in _chunks(rows, N, ctx.chunk):
-                z = _chunk_logits(hidden[s], weight, bias, T)
-                dz = z.sub_(lse[s, None]).exp_().mul_(-weight_sum[s, None])  # - softmax * weight
-                dz.index_put_((local, targets[sel]), g[sel], accumulate=True)  # + onehot(target) * weight
-                dz = dz.to(gdt)
-                x = hidden[s].to(gdt)
+                x, tgt, g_sel = hidden[s], targets[sel], g[sel]
+                x_low = x.to(gdt)
+                d_x = torch.zeros(x.shape, dtype=torch.float32, device=x.device) if d_hidden is not None else None
+                for v in range(0, V, B):  # a block of the vocabulary at a time: its logits are all that is alive
+                    block = slice(v, v + B)
+                    dz = _chunk_logits(x, weight[block], None if bias is None else bias[block], T)
+                    dz.sub_(lse[s, None]).exp_().mul_(-weight_sum[s, None])  # - softmax * weight
+                    hit = (tgt >= v) & (tgt < v + B)
+                    dz.index_put_((local[hit], tgt[hit] - v), g_sel[hit], accumulate=True)  # + onehot(target) * weight
+                    dz = dz.to(gdt)
+                    if d_x is not None:
+                        d_x += dz @ w_low[block]
+                    if d_weight is not None:  # summed in float32 over the chunks
+                        if dz.dtype == torch.float32:
+                            d_weight[block].addmm_(dz.t(), x_low)
+                        else:
+                            d_weight[block].add_(dz.t() @ x_low)
+                    if d_bias is not None:
+                        d_bias[block].add_(dz.sum(0))
                 if d_hidden is not None:
-                    d_hidden[s] = (dz @ w_low).to(hidden.dtype)
-                if d_weight is not None:  # summed in float32 over the chunks
-                    if dz.dtype == torch.float32:
-                        d_weight.addmm_(dz.t(), x)
-                    else:
-                        d_weight.add_(dz.t() @ x)
-                if d_bias is not None:
-                    d_bias.add_(dz.sum(0))
+                    d_hidden[s] = d_x.to(hidden.dtype)
         return (d_hidden, None if d_weight is None else d_weight.to(weight.dtype),
                 None if d_bias is None else d_bias.to(bias.dtype), None, None, None, None)
 
