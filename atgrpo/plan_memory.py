@@ -167,17 +167,17 @@ def head_chunk_rows(s: ModelShape) -> int:
 
 def logits_bytes(s: ModelShape, mb: MicroBatch, r: RunSettings | None = None) -> int:
     """The LM head fused into the log-probs (``logprobs.head_logprobs``): at most one chunk of positions'
-    float32 logits is alive with its softmax-turned-gradient (``2 * chunk * vocab * 4``), plus one float32
-    log-sum-exp per position the loss reads (``logit_rows * 4``). The head weight's gradient is summed over the
-    chunks in float32: in place for float32 weights; under autocast the backward's matmuls read a bfloat16 copy
-    of the weight and each chunk's product is a bfloat16 temporary (``4`` bytes per head parameter); for bfloat16
-    weights a float32 sum beside the bfloat16 product (``6``)."""
+    float32 logits is alive in the forward with its log-sum-exp's temporary (``2 * chunk * vocab * 4``; the
+    backward walks the chunk a block of the vocabulary at a time, less), plus one float32 log-sum-exp per position
+    the loss reads (``logit_rows * 4``). The head weight's gradient is summed in float32: in place for float32
+    weights; under autocast the backward's matmuls read a bfloat16 copy of the weight (``2`` bytes per head
+    parameter); for bfloat16 weights a float32 sum (``4``). Each block's product is a small temporary."""
     rows = min(mb.logit_rows, head_chunk_rows(s))
     per_param = 0
     if r is not None and r.dtype != "float32":
-        per_param = 6
+        per_param = 4
     elif r is not None and r.compute_dtype and r.compute_dtype != r.dtype:
-        per_param = 2 * DTYPE_BYTES[r.compute_dtype]
+        per_param = DTYPE_BYTES[r.compute_dtype]
     return 2 * rows * s.vocab * 4 + 4 * mb.logit_rows + per_param * s.vocab * s.hidden
 
 

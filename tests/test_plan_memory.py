@@ -63,19 +63,19 @@ def test_activations_by_hand():
     # gradient) = 560 and a log-sum-exp per position 7 * 4
     assert pm.activation_bytes(SHAPE, RUN) == 3 * 5288 + 704 + 560 + 28
     # bfloat16: 2-byte activations and norm inputs (2 * (8 * 2 + 4) + 88 * 2 = 216 per token per layer; response
-    # extra 3 * 2 * 4 * 2 + 8), float32 logits, and the head weight's gradient summed in float32 beside each
-    # chunk's bfloat16 product: 10 * 8 * 6
+    # extra 3 * 2 * 4 * 2 + 8), float32 logits, and the head weight's gradient summed in float32: 10 * 8 * 4
     bf16 = pm.RunSettings(**{**RUN.__dict__, "dtype": "bfloat16"})
     one = 11 * 216 + 6 * 56
-    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 2 * 11 * 8 * 2 + 588 + 480
+    assert pm.activation_bytes(SHAPE, bf16) == 3 * one + 2 * 11 * 8 * 2 + 588 + 320
     # autocast on float32 weights: as bfloat16, plus per token per layer the norms' two inputs in float32 (2 * 8 * 2
     # bytes more), in the 3 layers' worth; plus the bfloat16 copies of one layer's linear weights, cast again in
-    # its backward: (q 64 + k 32 + v 32 + o 64 + gate, up, down 3 * 128) * 2; the final norm in float32: 2 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16
-    # copy of its weight and a bfloat16 product 10 * 8 * 4 (not 6: its float32 gradient sum is the gradient itself)
+    # its backward: (q 64 + k 32 + v 32 + o 64 + gate, up, down 3 * 128) * 2; the final norm in float32:
+    # 2 * 11 * 8 * 2 bytes more; the head's backward: a bfloat16 copy of its weight 10 * 8 * 2 (its float32
+    # gradient sum is the gradient itself)
     autocast = pm.RunSettings(**{**RUN.__dict__, "compute_dtype": "bfloat16"})
     assert pm.layer_bytes(SHAPE, autocast) == 248 and pm.autocast_weight_bytes(SHAPE, autocast) == 1152
     assert pm.activation_bytes(SHAPE, autocast) == (pm.activation_bytes(SHAPE, bf16) + 3 * 11 * 32 + 1152 + 352
-                                                    - 480 + 320)
+                                                    - 320 + 160)
     assert pm.plan(SHAPE, autocast)[0].weights == 1352 * 4
     # gradient checkpointing (no shared prefix): each layer keeps its input 72 * 8 * 4, one layer recomputed
     # 72 * 424; final norm 2 * 72 * 8 * 4; the fused head over 40 positions: 40 * 10 * 8 + 40 * 4
