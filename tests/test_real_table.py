@@ -385,3 +385,17 @@ def test_conditions_by_hand():
     assert conditions(rows)["mas_start"]["met"] is True and conditions(rows)["above_mas"]["met"] is True
     rows["mas_L1"], rows["mas_L3"] = _row(0.9), _row()
     assert conditions(rows)["above_mas"] is None and conditions(rows)["best_rl_row"] == "mas_L1"
+
+
+def test_jobs_run_cells_side_by_side_with_the_results_of_one_at_a_time(tiny_table, tmp_path):
+    """``jobs=2``: the fixture's two cells, each in a process of its own at the same time, finish with the held-out
+    evaluations they had when run one after the other in this process."""
+    lines: list[str] = []
+    out = str(tmp_path / "out")
+    result = run_real_table(out, str(tmp_path / "runs"), ["math"], ["single", "mas"], [0], extra=TINY,
+                            root=str(ROOT), say=lines.append, jobs=2)
+    assert result["failed"] == [] and "2 cells, 2 at a time" in lines
+    assert sum(ln.startswith(("[1/2]", "[2/2]")) for ln in lines) == 2
+    alone = {(c["row"], c["seed"]): c["evals"] for c in finished_cells(tiny_table["out"])}
+    together = {(c["row"], c["seed"]): c["evals"] for c in finished_cells(out)}
+    assert together == alone and len(together) == 2

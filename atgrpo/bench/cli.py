@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", help="learning, teams: seeds per cell (default 3; --quick: 1); real-table: which "
                    "seeds, comma-separated (default 0,1)")
     p.add_argument("--jobs", type=int, help="learning, teams: runs side by side, one torch thread each (default: "
-                   "cores)")
+                   "cores); real-table: cells side by side, each with its config's threads (default 1)")
     p.add_argument("--problems", type=int, default=50, help="experts: held-out instances per game (default 50)")
 
 
@@ -90,7 +90,7 @@ def run(args) -> int:
         result = run_real_table(args.out if args.out != "bench_out" else DEFAULT_OUT, args.runs or DEFAULT_RUNS,
                                 parse_list(args.tasks), parse_list(args.rows), parse_list(args.seeds, int),
                                 args.dry_run, args.report_only, progress=True,
-                                keep_checkpoints=args.keep_checkpoints,
+                                keep_checkpoints=args.keep_checkpoints, jobs=args.jobs or 1,
                                 extra=[f"train.threads={args.threads}"] if args.threads else None)
         return 1 if result["failed"] else 0
     if args.which == "learning":

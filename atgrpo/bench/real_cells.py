@@ -1,4 +1,5 @@
-"""Running the real-model table's cells one after the other, each result saved as soon as its cell finishes.
+"""Running the real-model table's cells, one after the other or ``jobs`` at a time (each in a process of its own),
+each result saved as soon as its cell finishes.
 
 A cell's result is ``<out>/cells/<task>/<row>/seed<k>.json`` (written atomically); a cell whose file exists is
 skipped, so the table can be filled over several invocations, unless its config file changed since (the file
@@ -257,26 +258,45 @@ def plan_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def run_plan(rows: list[dict[str, Any]], out: str, runs: str, extra: list[str], root: str = ".",
-             say: Callable[[str], None] = print, progress: bool = False, keep_checkpoints: bool = False
-             ) -> list[dict[str, Any]]:
-    """Run the plan's cells that are not done, one after the other, with a progress line after each (done/total,
-    elapsed, estimated time left) and the table rewritten from the cell files, so a run stopped between cells
-    leaves it up to date. A cell that raises is reported and the others go on; returns the failures."""
+             say: Callable[[str], None] = print, progress: bool = False, keep_checkpoints: bool = False,
+             jobs: int = 1) -> list[dict[str, Any]]:
+    """Run the plan's cells that are not done, with a progress line after each (done/total, elapsed, estimated time
+    left) and the table rewritten from the cell files, so a run stopped between cells leaves it up to date. A cell
+    that raises is reported and the others go on; returns the failures.
+
+    ``jobs`` > 1: that many cells side by side, each in a fresh process (each cell's own ``train.threads``, 1 in
+    the table's configs, so two cells use the two cores one cell leaves half idle; a cell of SmolLM2 peaks under
+    4 GiB). Progress bars are off then; cells report as they finish."""
     from .real_report import write_report
 
     todo = [r for r in rows if not r["done"]]
     failed, start = [], time.time()
-    for i, r in enumerate(todo, 1):
+
+    def finished(i: int, r: dict[str, Any], run: Callable[[], dict[str, Any]]) -> None:
         cell = r["cell"]
-        say(f"[{i}/{len(todo)}] {cell.name}: starting (~{r['seconds'] / 60:.1f} min)")
         try:
-            result = run_cell(cell, out, runs, extra, root, progress, keep_checkpoints)
+            result = run()
             what = f"{result['start']:.3f} -> {result['end']:.3f} in {result['wall_seconds'] / 60:.1f} min"
             write_report(*current_cells(out, root), out)
         except Exception as e:  # one failed cell must not stop the others; it stays todo for the next run
             failed.append({"cell": cell.name, "error": f"{type(e).__name__}: {e}"})
             what = f"FAILED: {failed[-1]['error']}"
-        left = sum(x["seconds"] for x in todo[i:])
+        left = sum(x["seconds"] for x in todo[i:]) / max(1, jobs)
         say(f"[{i}/{len(todo)}] {cell.name}: {what}; elapsed {(time.time() - start) / 60:.1f} min, "
             f"~{left / 60:.1f} min left")
+
+    if jobs <= 1 or len(todo) <= 1:
+        for i, r in enumerate(todo, 1):
+            say(f"[{i}/{len(todo)}] {r['cell'].name}: starting (~{r['seconds'] / 60:.1f} min)")
+            finished(i, r, lambda: run_cell(r["cell"], out, runs, extra, root, progress, keep_checkpoints))
+        return failed
+
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    say(f"{len(todo)} cells, {jobs} at a time")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(run_cell, r["cell"], out, runs, extra, root, False, keep_checkpoints): r for r in todo}
+        for i, future in enumerate(as_completed(futures), 1):
+            finished(i, futures[future], future.result)
     return failed

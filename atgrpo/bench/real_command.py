@@ -3,8 +3,10 @@
     atgrpo bench real-table --dry-run                      # the plan: every cell, done or not, estimated time
     atgrpo bench real-table --tasks math --rows mas_L1 --seeds 0
     atgrpo bench real-table --report-only                  # table.json / table.md from the cell files only
+    atgrpo bench real-table --tasks plan_path --jobs 2     # two cells side by side (one thread each)
 
-Cells run one after the other; each finished cell's file is written at once and a rerun skips it. The table is
+Cells run one after the other, or ``--jobs N`` at a time, each in a process of its own; each finished cell's file
+is written at once and a rerun skips it. The table is
 rewritten from all cell files after every invocation (and after each cell), so it always shows what is done.
 """
 
@@ -36,10 +38,11 @@ def run_real_table(out: str = DEFAULT_OUT, runs: str = DEFAULT_RUNS, tasks: list
                    rows: list[str] | None = None, seeds: list[int] | None = None, dry_run: bool = False,
                    report_only: bool = False, extra: list[str] | None = None, root: str = ".",
                    say: Callable[[str], None] = print, progress: bool = False,
-                   keep_checkpoints: bool = False) -> dict[str, Any]:
+                   keep_checkpoints: bool = False, jobs: int = 1) -> dict[str, Any]:
     """Select the cells, print the plan, run the cells not done (unless ``dry_run`` or ``report_only``), write
     ``<out>/table.json`` and ``table.md`` (unless ``dry_run``). ``extra``: overrides after each cell's config
-    (tests use a tiny model; recorded in each cell file). Returns {"plan", "failed", "table"}."""
+    (tests use a tiny model; recorded in each cell file); ``jobs``: cells side by side (``run_plan``). Returns
+    {"plan", "failed", "table"}."""
     extra = list(extra or [])
     cells = select(tasks, rows, seeds)
     result: dict[str, Any] = {"plan": [], "failed": [], "table": None}
@@ -48,7 +51,8 @@ def run_real_table(out: str = DEFAULT_OUT, runs: str = DEFAULT_RUNS, tasks: list
         for line in plan_lines(result["plan"]):
             say(line)
         if not dry_run:
-            result["failed"] = run_plan(result["plan"], out, runs, extra, root, say, progress, keep_checkpoints)
+            result["failed"] = run_plan(result["plan"], out, runs, extra, root, say, progress, keep_checkpoints,
+                                        jobs)
     if not dry_run:
         result["table"] = write_report(*current_cells(out, root), out)
         say(f"written: {out}/table.json, {out}/table.md")
