@@ -151,10 +151,10 @@ class LinearFunction(torch.autograd.Function):
 
 
 def _linear_forward(self, x: torch.Tensor) -> torch.Tensor:
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
-        if self.weight.dtype != dtype and self.weight.dtype == torch.float32:
-            return LinearFunction.apply(x, self.weight, self.bias, dtype)
+    """Float32 weights under autocast: ``LinearFunction``; otherwise (no autocast, the rollout copy's bfloat16
+    weights) the plain linear."""
+    if self.weight.dtype == torch.float32 and torch.is_autocast_enabled(x.device.type):
+        return LinearFunction.apply(x, self.weight, self.bias, torch.get_autocast_dtype(x.device.type))
     return F.linear(x, self.weight, self.bias)
 
 
