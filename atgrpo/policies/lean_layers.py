@@ -108,12 +108,8 @@ class SwiGLUDownFunction(torch.autograd.Function):
         gate, up, weight, bias = ctx.saved_tensors
         with torch.autocast(gate.device.type, enabled=False):
             s = F.silu(gate)
-            a = (s * up).to(ctx.dtype)
-            w = weight.to(ctx.dtype)
-            flat_gy, flat_a = gy.reshape(-1, gy.shape[-1]), a.reshape(-1, a.shape[-1])
-            gw = flat_gy.t().mm(flat_a).to(weight.dtype) if ctx.needs_input_grad[2] else None
-            gb = flat_gy.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[3] else None
-            ga = gy.matmul(w).to(up.dtype)
+            ga, gw, gb = _linear_grads(gy, (s * up).to(ctx.dtype), weight, bias, True, *ctx.needs_input_grad[2:4])
+            ga = ga.to(up.dtype)
             g_up = ga * s if ctx.needs_input_grad[1] else None
             g_gate = torch.ops.aten.silu_backward(ga * up, gate) if ctx.needs_input_grad[0] else None
         return g_gate, g_up, gw, gb, None
@@ -138,16 +134,21 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
         xl, weight, bias = ctx.saved_tensors
-        gx = gw = gb = None
         with torch.autocast(gy.device.type, enabled=False):
-            if ctx.needs_input_grad[0]:
-                gx = gy.matmul(weight.to(xl.dtype)).to(ctx.x_dtype)
-            flat_gy = gy.reshape(-1, gy.shape[-1])
-            if ctx.needs_input_grad[1]:
-                gw = flat_gy.t().mm(xl.reshape(-1, xl.shape[-1])).to(weight.dtype)
-            if bias is not None and ctx.needs_input_grad[2]:
-                gb = flat_gy.sum(0).to(bias.dtype)
-        return gx, gw, gb, None
+            gx, gw, gb = _linear_grads(gy, xl, weight, bias, *ctx.needs_input_grad[:3])
+        return None if gx is None else gx.to(ctx.x_dtype), gw, gb, None
+
+
+def _linear_grads(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  need_x: bool, need_w: bool, need_b: bool):
+    """The gradients of ``F.linear(x, weight.to(x.dtype), bias)`` given the output's ``gy``, as autograd computes
+    them: the input's in ``x``'s dtype (the weight cast again), the weight's and the bias's in their own dtypes;
+    None where not needed. Run with autocast off."""
+    gx = gy.matmul(weight.to(x.dtype)) if need_x else None
+    flat_gy = gy.reshape(-1, gy.shape[-1])
+    gw = flat_gy.t().mm(x.reshape(-1, x.shape[-1])).to(weight.dtype) if need_w else None
+    gb = flat_gy.sum(0).to(bias.dtype) if bias is not None and need_b else None
+    return gx, gw, gb
 
 
 def _linear_forward(self, x: torch.Tensor) -> torch.Tensor:
