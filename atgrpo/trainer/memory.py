@@ -106,7 +106,9 @@ _MALLINFO2 = _mallinfo2()
 
 def free_held_mib() -> float | None:
     """The free memory the C allocator holds in its heaps (glibc ``mallinfo2().fordblks``: free blocks and the
-    heaps' unused tops), MiB; None where it cannot say."""
+    heaps' unused tops), MiB; None where it cannot say. It counts free blocks whose pages an earlier trim already
+    returned, so it says how much the heaps have grown beyond the live blocks, not how much is resident: once a
+    run's heaps have grown past ``MICRO_BATCH_TRIM_MIB``, every micro-batch is followed by a trim."""
     return None if _MALLINFO2 is None else _MALLINFO2().fordblks / 2**20
 
 

@@ -203,7 +203,7 @@ def backward_micro_batch(policy: TrainablePolicy, micro: list[Sample], normalize
                            aggregation=algo.aggregation, normalizer=normalizer, kl_coef=algo.kl_coef,
                            ref_logp=ref_logp, kl_estimator=algo.kl_estimator)
     (loss * weight if weight != 1.0 else loss).backward()
-    release_free_memory(above_mib=MICRO_BATCH_TRIM_MIB)  # the holes its activations left, once they add up
+    release_free_memory(above_mib=MICRO_BATCH_TRIM_MIB)  # the holes its activations left (large heaps)
     return loss.item(), ls
 
 

@@ -110,7 +110,7 @@ def batch_cross_entropy(policy: TrainablePolicy, batch: list[tuple[list[int], li
         logp, mask = shared_prefix_logprobs(policy, [prompts[i] for i in idx], [answers[i] for i in idx], 1.0)
         loss = -(logp * mask).sum() / normalizer
         loss.backward()
-        release_free_memory(above_mib=MICRO_BATCH_TRIM_MIB)  # the holes its activations left, once they add up
+        release_free_memory(above_mib=MICRO_BATCH_TRIM_MIB)  # the holes its activations left (large heaps)
         total += loss.item()
     return total
 
